@@ -1,0 +1,240 @@
+/* fmha.h — fused multi-head attention: one C API for every backend.
+ *
+ * fmha computes out = softmax(scale * q k^T + mask) v for batched, multi-head
+ * inputs, with flash-attention semantics (causal alignment, sliding windows,
+ * softcap, dropout, LSE, packed variable-length batches, GQA/MQA).
+ *
+ * Usage (one-shot):
+ *
+ *     fmha_config cfg;
+ *     fmha_config_init(&cfg, 32, 8, 128);          // heads, kv heads, head dim
+ *     cfg.causal = 1;
+ *     fmha_forward_args a = {0};
+ *     a.q   = fmha_tensor_bshd(q, FMHA_DTYPE_BF16, B, Sq, 32, 128);
+ *     a.k   = fmha_tensor_bshd(k, FMHA_DTYPE_BF16, B, Sk,  8, 128);
+ *     a.v   = fmha_tensor_bshd(v, FMHA_DTYPE_BF16, B, Sk,  8, 128);
+ *     a.out = fmha_tensor_bshd(o, FMHA_DTYPE_BF16, B, Sq, 32, 128);
+ *     if (fmha_forward(&cfg, &a) != FMHA_STATUS_OK)
+ *         fprintf(stderr, "%s\n", fmha_last_error());
+ *
+ * Usage (a layer built once, run many times):
+ *
+ *     fmha_layer *layer;
+ *     if (fmha_layer_init(&layer, &cfg) != FMHA_STATUS_OK) ...;   // GQA shape checked here
+ *     fmha_layer_forward(layer, &a);   // as often as needed
+ *     fmha_layer_free(layer);
+ *
+ * Rules the library keeps: it never prints, never exits, and keeps no mutable
+ * global state except a thread-local last-error message. On any error nothing
+ * is written to `out` or `lse`.
+ */
+#ifndef FMHA_H
+#define FMHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FMHA_VERSION_MAJOR 0
+#define FMHA_VERSION_MINOR 1
+#define FMHA_VERSION_PATCH 0
+#define FMHA_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------ status */
+
+typedef enum fmha_status {
+    FMHA_STATUS_OK = 0,
+    FMHA_STATUS_INVALID_ARGUMENT, /* the caller passed something impossible */
+    FMHA_STATUS_UNSUPPORTED,      /* valid, but no backend here can run it */
+    FMHA_STATUS_OUT_OF_MEMORY,
+    FMHA_STATUS_BACKEND_ERROR     /* a device runtime failed; message has its text */
+} fmha_status;
+
+/* A fixed name for a status ("FMHA_STATUS_INVALID_ARGUMENT"). */
+const char *fmha_status_string(fmha_status status);
+
+/* The specific message of the last failed call on this thread ("" if none).
+ * Valid until the next fmha call on the same thread. */
+const char *fmha_last_error(void);
+
+/* ------------------------------------------------------------------ dtypes */
+
+typedef enum fmha_dtype {
+    FMHA_DTYPE_F32 = 0,
+    FMHA_DTYPE_F16,
+    FMHA_DTYPE_BF16,
+    FMHA_DTYPE_F8_E4M3 /* reserved: forward returns FMHA_STATUS_UNSUPPORTED */
+} fmha_dtype;
+
+const char *fmha_dtype_name(fmha_dtype dtype); /* "f32", "f16", "bf16", "f8_e4m3" */
+size_t fmha_dtype_size(fmha_dtype dtype);      /* bytes per element, 0 if unknown */
+
+/* ----------------------------------------------------------------- tensors */
+
+/* A 4-d view [batch, seqlen, heads, head_dim] with strides in elements.
+ * stride_dim must be 1 (the last dimension is contiguous); the other strides
+ * are free, so BSHD tensors and BHSD views (torch's transpose(1, 2)) are both
+ * taken without copies.
+ *
+ * A packed variable-length tensor [total_tokens, heads, head_dim] is a view
+ * with batch = 1 and seqlen = total_tokens (fmha_tensor_packed builds one). */
+typedef struct fmha_tensor {
+    void *data;
+    fmha_dtype dtype;
+    int64_t batch, seqlen, heads, head_dim;
+    int64_t stride_batch, stride_seq, stride_head, stride_dim;
+} fmha_tensor;
+
+/* Contiguous [batch, seqlen, heads, head_dim]. */
+fmha_tensor fmha_tensor_bshd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
+                             int64_t heads, int64_t head_dim);
+/* Contiguous [batch, heads, seqlen, head_dim] memory, seen as BSHD. */
+fmha_tensor fmha_tensor_bhsd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
+                             int64_t heads, int64_t head_dim);
+/* Contiguous packed [total_tokens, heads, head_dim]. */
+fmha_tensor fmha_tensor_packed(void *data, fmha_dtype dtype, int64_t total_tokens,
+                               int64_t heads, int64_t head_dim);
+
+/* ------------------------------------------------------------ configuration */
+
+typedef enum fmha_device {
+    FMHA_DEVICE_CPU = 0,
+    FMHA_DEVICE_CUDA
+} fmha_device;
+
+/* Instruction set for the CPU backend. AUTO picks the best the CPU and OS
+ * support; the environment variable FMHA_CPU_ISA=scalar|avx2|avx512 overrides
+ * AUTO (a forced ISA the machine lacks is an error, not a silent downgrade). */
+typedef enum fmha_cpu_isa {
+    FMHA_CPU_ISA_AUTO = 0,
+    FMHA_CPU_ISA_SCALAR, /* portable C, any CPU */
+    FMHA_CPU_ISA_AVX2,   /* AVX2 + FMA + F16C */
+    FMHA_CPU_ISA_AVX512  /* AVX-512 F/BW/VL; bf16 inputs use vdpbf16ps when AVX512_BF16 is there */
+} fmha_cpu_isa;
+
+const char *fmha_cpu_isa_name(fmha_cpu_isa isa);
+/* The best ISA this CPU and OS support (never AUTO). */
+fmha_cpu_isa fmha_cpu_isa_detect(void);
+
+/* A layer's configuration: the attention shape of one model layer plus its
+ * options. Fill it with fmha_config_init, then change fields. */
+typedef struct fmha_config {
+    int64_t num_heads;    /* query heads */
+    int64_t num_kv_heads; /* key/value heads; must divide num_heads (GQA/MQA) */
+    int64_t head_dim;     /* query/key head dim */
+    int64_t head_dim_v;   /* value/output head dim (fmha_config_init: = head_dim) */
+    fmha_dtype dtype;     /* dtype of q, k and v (out may differ); default bf16 */
+    double softmax_scale; /* > 0; 0 means 1/sqrt(head_dim) */
+    int causal;           /* bottom-right aligned: key j visible to query i iff j <= i + sk - sq */
+    int64_t window_left;  /* sliding window; -1 = unlimited (default). Key j is visible   */
+    int64_t window_right; /* to query i iff i+sk-sq-left <= j <= i+sk-sq+right           */
+    double softcap;       /* 0 = off; else scores become softcap * tanh(score * scale / softcap) */
+    double dropout_p;     /* in [0, 1); kept probabilities are scaled by 1 / (1 - p) */
+    fmha_device device;   /* default CPU */
+    fmha_cpu_isa cpu_isa; /* default AUTO */
+    int num_threads;      /* CPU threads; 0 = OpenMP's default */
+} fmha_config;
+
+/* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),
+ * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads. */
+void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim);
+
+/* -------------------------------------------------------------- forward args */
+
+/* Arguments of one forward call.
+ *
+ * Padded batch (cu_seqlens_q == NULL):
+ *   q   [batch, seqlen_q, num_heads,    head_dim]
+ *   k   [batch, seqlen_k, num_kv_heads, head_dim]
+ *   v   [batch, seqlen_k, num_kv_heads, head_dim_v]
+ *   out [batch, seqlen_q, num_heads,    head_dim_v]
+ *   lse [batch, num_heads, seqlen_q] contiguous f32 (optional, may be NULL)
+ *
+ * Packed variable-length batch (cu_seqlens_q != NULL): q, k, v and out are
+ * packed tensors (batch = 1) of total_q / total_k tokens; sequence b owns
+ * q tokens [cu_seqlens_q[b], cu_seqlens_q[b+1]) and k/v tokens
+ * [cu_seqlens_k[b], cu_seqlens_k[b+1]). Both arrays have varlen_batch + 1
+ * int32 entries, start at 0, never decrease, and end within the tensor.
+ *   lse [num_heads, total_q] contiguous f32 (optional)
+ * max_seqlen_q / max_seqlen_k are upper bounds of the per-sequence lengths
+ * (0 = let fmha compute them).
+ *
+ * Rows with no visible key get out = 0 and lse = -inf.
+ *
+ * Dropout draws from Philox4x32-10 keyed by `seed`, counter (key column / 4,
+ * query row, sequence * num_heads + head, low 32 bits of `offset`), with the
+ * high 32 bits of `offset` xor-ed into the key's high word; word (column % 4)
+ * of the output keeps the element iff word >= floor(p * 2^32). Rows and
+ * columns are positions inside their own sequence, so every backend draws the
+ * same mask. */
+typedef struct fmha_forward_args {
+    fmha_tensor q, k, v, out;
+    float *lse;
+    const int32_t *cu_seqlens_q; /* NULL = padded batch */
+    const int32_t *cu_seqlens_k;
+    int64_t varlen_batch;
+    int64_t max_seqlen_q, max_seqlen_k;
+    uint64_t seed, offset; /* dropout stream */
+    void *stream;          /* cudaStream_t for the CUDA backend; NULL = default stream */
+} fmha_forward_args;
+
+/* ------------------------------------------------------------ kernel choice */
+
+typedef struct fmha_kernel_info {
+    int id;               /* index in fmha's kernel table (src/kernels.def) */
+    fmha_device device;
+    fmha_cpu_isa cpu_isa; /* for CPU kernels */
+    const char *name;     /* e.g. "cpu_avx512_bf16dp": static storage */
+} fmha_kernel_info;
+
+/* The one place that decides which kernel runs a configuration — and so
+ * whether it is supported at all. Returns OK and fills `info`, or
+ * INVALID_ARGUMENT / UNSUPPORTED with the reason in fmha_last_error().
+ * fmha_layer_init and fmha_forward call exactly this. */
+fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info);
+
+/* -------------------------------------------------------------------- layer */
+
+typedef struct fmha_layer fmha_layer;
+
+/* Validates the configuration (e.g. "num_heads (28) must be a multiple of
+ * num_kv_heads (6) ..."), picks the kernel once and owns the workspace. */
+fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg);
+void fmha_layer_free(fmha_layer *layer);
+
+/* The configuration and the kernel the layer runs. */
+const fmha_config *fmha_layer_config(const fmha_layer *layer);
+const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer);
+
+/* Runs attention. Every argument is validated before anything is written.
+ * A layer may be used by one thread at a time. */
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args);
+
+/* One-shot convenience: init, forward, free. */
+fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
+
+/* The float64 reference: plain loops, every feature, never fast. Same
+ * validation and semantics as fmha_forward; CPU memory only. */
+fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);
+
+/* ---------------------------------------------------------------- utilities */
+
+/* Element conversions (round to nearest even, NaN kept). */
+float fmha_bf16_to_f32(uint16_t x);
+uint16_t fmha_f32_to_bf16(float x);
+float fmha_f16_to_f32(uint16_t x);
+uint16_t fmha_f32_to_f16(float x);
+
+/* Keep-mask bit of the dropout stream for one element (see fmha_forward_args):
+ * returns 1 if element (seq, head, row, col) is kept with probability 1 - p. */
+int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
+                      int64_t head, int64_t row, int64_t col, double p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FMHA_H */

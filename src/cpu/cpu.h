@@ -1,0 +1,69 @@
+/* cpu.h — the CPU backend: the flash-attention driver (cpu_flash.c) and the
+ * per-ISA micro-kernels it calls through one table of function pointers
+ * (cpu_ops_scalar.c, cpu_ops_avx2.c, cpu_ops_avx512.c). */
+#ifndef FMHA_CPU_H
+#define FMHA_CPU_H
+
+#include "../internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Queries per task and keys per block. 64 x 64 keeps the score tile (16 KiB)
+ * and a 64-query slice of Q (32 KiB at head dim 128) close to L1. */
+enum { FMHA_CPU_BR = 64, FMHA_CPU_BC = 64 };
+
+int fmha_cpu_has_avx512_bf16(void);
+
+/* Scratch owned by a layer: one slice per thread, grown on demand. */
+typedef struct fmha_cpu_workspace {
+    void *buf;
+    size_t size;
+} fmha_cpu_workspace;
+
+void fmha_cpu_workspace_free(fmha_cpu_workspace *ws);
+fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
+                             fmha_cpu_workspace *ws);
+
+/* Micro-kernels of one ISA. Tiles are transposed so that SIMD lanes run over
+ * the 64 queries of a task: st[j][i] is the score of query i against key j,
+ * the row statistics m, l, alpha are per query, and softmax needs no
+ * horizontal reductions. BR = FMHA_CPU_BR throughout. */
+typedef struct fmha_cpu_ops {
+    int lanes;  /* f32 lanes per vector: V rows are padded to a multiple */
+    int bf16dp; /* tiles hold bf16 pairs for vdpbf16ps instead of f32 */
+
+    /* dst[0..n) = src[0..n) as f32 (src of dtype f32, f16 or bf16). */
+    void (*to_f32)(float *dst, const void *src, fmha_dtype dtype, int64_t n);
+
+    /* st[j][i] = sum_c k[j][c] * qt[c][i] for j < nj, i < BR.
+     * f32:    k rows of f32 (row stride ks elements), qt [d][BR] f32.
+     * bf16dp: k rows of bf16 (d even), qt [d/2][BR][2] bf16 pairs. */
+    void (*qk)(const void *k, int64_t ks, int nj, const void *qt, int64_t d, float *st);
+
+    /* st = cap * tanh(st * scale / cap) * log2(e): softcap, in the log2 domain. */
+    void (*softcap)(float *st, int nj, float scale, float cap);
+
+    /* Online softmax over one block, x = st * scale (log2 domain):
+     * m_new = max(m, max_j x), alpha = 2^(m - m_new), st = 2^(x - m_new),
+     * l = l * alpha + sum_j st, m = m_new. Rows still without a visible key
+     * keep m = -inf, l = 0, and get st = 0. */
+    void (*softmax)(float *st, int nj, float scale, float *m, float *l, float *alpha);
+
+    /* o[i][c] = alpha[i] * o[i][c] + sum_j p[j][i] * v[j][c], i < BR, c < dvp.
+     * f32:    p = st [nj][BR], v rows of f32 (row stride vs), dvp % lanes == 0.
+     * bf16dp: p [ceil(nj/2)][BR][2] and v [ceil(nj/2)][dvp][2] bf16 pairs. */
+    void (*pv)(const void *p, int nj, const void *v, int64_t vs, int64_t dvp,
+               const float *alpha, float *o);
+
+    /* bf16dp only: p2[j/2][i][j%2] = bf16(st[j][i]), zero past nj. */
+    void (*pack_p)(const float *st, int nj, uint16_t *p2);
+    /* bf16dp only: v2[j/2][c][j%2] = v[j][c] (bf16 rows, stride vs), zero past nj and dv. */
+    void (*pack_v)(const uint16_t *v, int64_t vs, int nj, int64_t dv, int64_t dvp, uint16_t *v2);
+} fmha_cpu_ops;
+
+#define FMHA_CPU_KERNEL(name, isa, compute) extern const fmha_cpu_ops fmha_ops_##name;
+#include "../kernels.def"
+#undef FMHA_CPU_KERNEL
+
+#endif /* FMHA_CPU_H */

@@ -1,0 +1,316 @@
+/* cpu_flash.c — the CPU flash-attention forward. One task is 64 queries of
+ * one (sequence, head); it walks the visible keys in blocks of 64 with an
+ * online softmax, so memory is O(threads x tile). Tasks run under OpenMP and
+ * each is computed by one thread in a fixed order: results do not depend on
+ * the thread count. The arithmetic lives in the per-ISA micro-kernels. */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+enum { BR = FMHA_CPU_BR, BC = FMHA_CPU_BC };
+
+static const fmha_cpu_ops *const ops_table[FMHA_KERNEL_COUNT] = {
+#define FMHA_CPU_KERNEL(name, isa, compute) [FMHA_KERNEL_ID_##name] = &fmha_ops_##name,
+#include "../kernels.def"
+#undef FMHA_CPU_KERNEL
+};
+
+static int64_t round_up(int64_t x, int64_t m)
+{
+    return (x + m - 1) / m * m;
+}
+
+/* One thread's scratch, carved from the layer's workspace. */
+typedef struct task_scratch {
+    void *qt;      /* Q^T of the task: [d][BR] f32 or [dp/2][BR][2] bf16 */
+    void *kbuf;    /* a key block converted/padded: [BC][dp] */
+    void *vbuf;    /* a value block: [BC][dvp] f32 or [BC/2][dvp][2] bf16 */
+    float *st;     /* scores, then probabilities: [BC][BR] */
+    uint16_t *p2;  /* probabilities as bf16 pairs: [BC/2][BR][2] */
+    float *o;      /* output accumulator: [BR][dvp] */
+    float *m, *l, *alpha; /* [BR] each */
+} task_scratch;
+
+typedef struct layout {
+    int64_t dp, dvp;    /* padded head dims */
+    size_t offs[9], per_thread;
+} layout;
+
+static size_t align64(size_t x)
+{
+    return (x + 63) & ~(size_t)63;
+}
+
+static void plan_layout(const fmha_problem *pb, const fmha_cpu_ops *ops, layout *L)
+{
+    L->dp = round_up(pb->d, 2);
+    L->dvp = round_up(pb->dv, ops->lanes);
+    size_t elem = ops->bf16dp ? 2 : 4;
+    size_t sizes[9] = {
+        (size_t)L->dp * BR * elem,  (size_t)BC * L->dp * elem, (size_t)BC * L->dvp * elem,
+        (size_t)BC * BR * 4,        (size_t)BC * BR * 2,       (size_t)BR * L->dvp * 4,
+        BR * 4, BR * 4, BR * 4,
+    };
+    size_t off = 0;
+    for (int i = 0; i < 9; i++) {
+        L->offs[i] = off;
+        off += align64(sizes[i]);
+    }
+    L->per_thread = off;
+}
+
+static task_scratch carve(void *base, const layout *L)
+{
+    char *b = base;
+    task_scratch s = {b + L->offs[0], b + L->offs[1], b + L->offs[2],
+                      (float *)(b + L->offs[3]), (uint16_t *)(b + L->offs[4]),
+                      (float *)(b + L->offs[5]), (float *)(b + L->offs[6]),
+                      (float *)(b + L->offs[7]), (float *)(b + L->offs[8])};
+    return s;
+}
+
+void fmha_cpu_workspace_free(fmha_cpu_workspace *ws)
+{
+    free(ws->buf);
+    ws->buf = NULL;
+    ws->size = 0;
+}
+
+static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
+{
+    if (ws->size >= size)
+        return FMHA_STATUS_OK;
+    void *p = aligned_alloc(64, align64(size));
+    if (!p)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "out of memory reserving %zu bytes of CPU workspace", size);
+    free(ws->buf);
+    ws->buf = p;
+    ws->size = size;
+    return FMHA_STATUS_OK;
+}
+
+static const char *row_ptr(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    return (const char *)t->data + fmha_tensor_offset(t, b, s, h) * (int64_t)fmha_dtype_size(t->dtype);
+}
+
+/* Q^T of rows [q0, q0 + rows): zero past `rows` and past d. */
+static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t tb,
+                   int64_t q0, int64_t h, int rows, task_scratch *s)
+{
+    const fmha_tensor *q = &pb->args->q;
+    if (ops->bf16dp) {
+        uint16_t *qt = s->qt;
+        memset(qt, 0, (size_t)L->dp * BR * 2);
+        for (int i = 0; i < rows; i++) {
+            const uint16_t *src = (const uint16_t *)row_ptr(q, tb, q0 + i, h);
+            for (int64_t c = 0; c < pb->d; c++)
+                qt[((c >> 1) * BR + i) * 2 + (c & 1)] = src[c];
+        }
+        return;
+    }
+    float *qt = s->qt;
+    memset(qt, 0, (size_t)pb->d * BR * 4);
+    for (int i = 0; i < rows; i++) {
+        const float *src = (const float *)row_ptr(q, tb, q0 + i, h);
+        if (q->dtype != FMHA_DTYPE_F32) { /* kbuf is idle until the first key block */
+            ops->to_f32(s->kbuf, src, q->dtype, pb->d);
+            src = s->kbuf;
+        }
+        for (int64_t c = 0; c < pb->d; c++)
+            qt[c * BR + i] = src[c];
+    }
+}
+
+/* Runs one task: `rows` queries starting at q0 of sequence b, head h. */
+static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t b,
+                     int64_t h, int64_t t, task_scratch *s)
+{
+    const fmha_forward_args *a = pb->args;
+    const fmha_config *cfg = pb->cfg;
+    int64_t q0, sq, k0, sk;
+    fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
+    const int64_t tb = pb->varlen ? 0 : b; /* tensor batch index */
+    const int64_t i0 = t * BR;
+    const int rows = (int)(sq - i0 < BR ? sq - i0 : BR);
+    const int64_t hk = h / pb->group;
+
+    pack_q(pb, ops, L, tb, q0 + i0, h, rows, s);
+    memset(s->o, 0, (size_t)BR * L->dvp * 4);
+    for (int i = 0; i < BR; i++) {
+        s->m[i] = -INFINITY;
+        s->l[i] = 0.0f;
+    }
+
+    /* Keys visible to any row of the task: intervals move right with i. */
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    fmha_visible_range(cfg, i0, sq, sk, &lo_first, &hi_first);
+    fmha_visible_range(cfg, i0 + rows - 1, sq, sk, &lo_last, &hi_last);
+
+    const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
+    const int k_in_place = ops->bf16dp ? (pb->d % 2 == 0) : a->k.dtype == FMHA_DTYPE_F32;
+    const int v_in_place = !ops->bf16dp && a->v.dtype == FMHA_DTYPE_F32 && pb->dv == L->dvp;
+    const int64_t ks = a->k.stride_seq, vs = a->v.stride_seq;
+
+    for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
+        const int nj = (int)(hi_last - j0 < BC ? hi_last - j0 : BC);
+
+        const void *kp;
+        int64_t kstride;
+        if (k_in_place) {
+            kp = row_ptr(&a->k, tb, k0 + j0, hk);
+            kstride = ks;
+        } else if (ops->bf16dp) { /* odd head dim: pad each row to dp */
+            uint16_t *kb = s->kbuf;
+            for (int j = 0; j < nj; j++) {
+                memcpy(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), (size_t)pb->d * 2);
+                kb[j * L->dp + L->dp - 1] = 0;
+            }
+            kp = kb;
+            kstride = L->dp;
+        } else {
+            float *kb = s->kbuf;
+            for (int j = 0; j < nj; j++)
+                ops->to_f32(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), a->k.dtype, pb->d);
+            kp = kb;
+            kstride = L->dp;
+        }
+        ops->qk(kp, kstride, nj, s->qt, ops->bf16dp ? L->dp : pb->d, s->st);
+
+        if (cfg->softcap > 0)
+            ops->softcap(s->st, nj, (float)pb->scale, (float)cfg->softcap);
+
+        /* Rows whose interval does not cover the whole block get -inf
+         * outside it; most blocks of a masked problem need none. */
+        if (!(lo_last <= j0 && j0 + nj <= hi_first)) {
+            for (int i = 0; i < rows; i++) {
+                int64_t lo, hi;
+                fmha_visible_range(cfg, i0 + i, sq, sk, &lo, &hi);
+                for (int j = 0; j < nj; j++)
+                    if (j0 + j < lo || j0 + j >= hi)
+                        s->st[j * BR + i] = -INFINITY;
+            }
+        }
+
+        ops->softmax(s->st, nj, scale, s->m, s->l, s->alpha);
+
+        if (pb->drop_threshold) {
+            const float keep_scale = (float)pb->drop_rescale;
+            for (int i = 0; i < rows; i++) {
+                for (int j = 0; j < nj; j++) {
+                    int64_t col = j0 + j;
+                    fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset, b * pb->heads + h,
+                                                      i0 + i, col);
+                    float *p = &s->st[j * BR + i];
+                    *p = w.v[col & 3] >= pb->drop_threshold ? *p * keep_scale : 0.0f;
+                }
+            }
+        }
+
+        if (ops->bf16dp) {
+            ops->pack_p(s->st, nj, s->p2);
+            ops->pack_v((const uint16_t *)row_ptr(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,
+                        s->vbuf);
+            ops->pv(s->p2, nj, s->vbuf, L->dvp, L->dvp, s->alpha, s->o);
+        } else if (v_in_place) {
+            ops->pv(s->st, nj, row_ptr(&a->v, tb, k0 + j0, hk), vs, L->dvp, s->alpha, s->o);
+        } else {
+            float *vb = s->vbuf;
+            for (int j = 0; j < nj; j++) {
+                ops->to_f32(vb + j * L->dvp, row_ptr(&a->v, tb, k0 + j0 + j, hk), a->v.dtype,
+                            pb->dv);
+                for (int64_t c = pb->dv; c < L->dvp; c++)
+                    vb[j * L->dvp + c] = 0.0f;
+            }
+            ops->pv(s->st, nj, vb, L->dvp, L->dvp, s->alpha, s->o);
+        }
+    }
+
+    /* Normalise and store; rows that saw no key are 0 with LSE -inf. */
+    const fmha_tensor *out = &a->out;
+    for (int i = 0; i < rows; i++) {
+        const float l = s->l[i];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        char *orow = (char *)out->data + fmha_tensor_offset(out, tb, q0 + i0 + i, h) *
+                                             (int64_t)fmha_dtype_size(out->dtype);
+        const float *acc = s->o + (int64_t)i * L->dvp;
+        if (out->dtype == FMHA_DTYPE_F32) {
+            for (int64_t c = 0; c < pb->dv; c++)
+                ((float *)orow)[c] = acc[c] * inv;
+        } else {
+            for (int64_t c = 0; c < pb->dv; c++)
+                fmha_store_f32(orow, out->dtype, c, acc[c] * inv);
+        }
+        if (a->lse) {
+            int64_t idx = pb->varlen ? h * a->q.seqlen + q0 + i0 + i
+                                     : (b * pb->heads + h) * sq + i0 + i;
+            a->lse[idx] = l > 0.0f ? (float)((s->m[i] + log2((double)l)) * 0.6931471805599453)
+                                   : -INFINITY;
+        }
+    }
+}
+
+fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
+                             fmha_cpu_workspace *ws)
+{
+    const fmha_cpu_ops *ops = ops_table[kernel->id];
+    layout L;
+    plan_layout(pb, ops, &L);
+
+    /* Tasks: (sequence, head, query tile), tile counts prefix-summed over sequences. */
+    int64_t *tile_start = malloc(sizeof(int64_t) * (size_t)(pb->batch + 1));
+    if (!tile_start)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory planning CPU tasks");
+    tile_start[0] = 0;
+    for (int64_t b = 0; b < pb->batch; b++) {
+        int64_t q0, sq, k0, sk;
+        fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
+        tile_start[b + 1] = tile_start[b] + (sq + BR - 1) / BR * pb->heads;
+    }
+    const int64_t ntasks = tile_start[pb->batch];
+
+    int nthreads = pb->cfg->num_threads;
+#ifdef _OPENMP
+    if (nthreads <= 0)
+        nthreads = omp_get_max_threads();
+#else
+    nthreads = 1;
+#endif
+    if (nthreads > ntasks)
+        nthreads = ntasks > 0 ? (int)ntasks : 1;
+    fmha_status st = workspace_reserve(ws, L.per_thread * (size_t)nthreads);
+    if (st != FMHA_STATUS_OK) {
+        free(tile_start);
+        return st;
+    }
+
+#pragma omp parallel num_threads(nthreads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        task_scratch s = carve((char *)ws->buf + L.per_thread * (size_t)tid, &L);
+        /* Longest tiles first: with a causal mask later query tiles see more keys. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = ntasks - 1; task >= 0; task--) {
+            int64_t lo = 0, hi = pb->batch; /* the sequence holding this task */
+            while (hi - lo > 1) {
+                int64_t mid = (lo + hi) / 2;
+                if (tile_start[mid] <= task)
+                    lo = mid;
+                else
+                    hi = mid;
+            }
+            int64_t local = task - tile_start[lo];
+            run_task(pb, ops, &L, lo, local % pb->heads, local / pb->heads, &s);
+        }
+    }
+    free(tile_start);
+    return FMHA_STATUS_OK;
+}

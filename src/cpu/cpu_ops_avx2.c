@@ -1,0 +1,82 @@
+/* cpu_ops_avx2.c — AVX2 + FMA micro-kernels: cpu_ops_f32.h over 8-lane
+ * vectors. Compiled with AVX2 flags; called only after cpuid.c found them. */
+#include "cpu.h"
+
+#include <immintrin.h>
+
+/* 2^x as in cpu_ops_avx512.c (exactly 0 below -126), building 2^round(x)
+ * from exponent bits. */
+static inline __m256 exp2_avx2(__m256 x)
+{
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
+    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+#define V __m256
+#define VL 8
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VSET1 _mm256_set1_ps
+#define VZERO _mm256_setzero_ps
+#define VFMA _mm256_fmadd_ps
+#define VMUL _mm256_mul_ps
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMAX _mm256_max_ps
+#define VDIV _mm256_div_ps
+#define VEXP2 exp2_avx2
+#define VIS_NEG_INF(x) _mm256_cmp_ps((x), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ)
+#define VIS_NEGATIVE(x) _mm256_cmp_ps((x), _mm256_setzero_ps(), _CMP_LT_OQ)
+#define VSELECT(mask, t, f) _mm256_blendv_ps((f), (t), (mask))
+#define QK_MR 6 /* 12 accumulators + 2 query vectors + 1 broadcast of 16 registers */
+#define QK_NV 2
+#define PV_MR 6
+#define PV_NV 2
+#include "cpu_ops_f32.h"
+
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
+{
+    int64_t i = 0;
+    const uint16_t *s16 = src;
+    switch (dtype) {
+    case FMHA_DTYPE_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    case FMHA_DTYPE_BF16:
+        for (; i + 8 <= n; i += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(s16 + i));
+            __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(w));
+        }
+        break;
+    case FMHA_DTYPE_F16:
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s16 + i))));
+        break;
+    default:
+        return;
+    }
+    for (; i < n; i++)
+        dst[i] = fmha_load_f32(src, dtype, i);
+}
+
+const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
+    .lanes = VL,
+    .bf16dp = 0,
+    .to_f32 = to_f32,
+    .qk = qk,
+    .softcap = softcap,
+    .softmax = softmax,
+    .pv = pv,
+};

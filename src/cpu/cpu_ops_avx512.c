@@ -1,0 +1,252 @@
+/* cpu_ops_avx512.c — AVX-512 micro-kernels: the f32 ones (cpu_ops_f32.h over
+ * 16-lane vectors) and, for bf16 inputs on CPUs with AVX512_BF16, the bf16
+ * pair kernels built on vdpbf16ps (two products per lane per instruction).
+ * Compiled with AVX-512 flags; called only after cpuid.c found the ISA. */
+#include "cpu.h"
+
+#include <immintrin.h>
+
+/* 2^x by 2^round(x) * p(x - round(x)), p a degree-6 polynomial on [-1/2, 1/2]
+ * (relative error ~1e-7). x < -126 gives exactly 0, so a masked score (-inf)
+ * adds nothing to a row's sum. */
+static inline __m512 exp2_avx512(__m512 x)
+{
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+#define V __m512
+#define VL 16
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VSET1 _mm512_set1_ps
+#define VZERO _mm512_setzero_ps
+#define VFMA _mm512_fmadd_ps
+#define VMUL _mm512_mul_ps
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMAX _mm512_max_ps
+#define VDIV _mm512_div_ps
+#define VEXP2 exp2_avx512
+#define VIS_NEG_INF(x) _mm512_cmp_ps_mask((x), _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)
+#define VIS_NEGATIVE(x) _mm512_cmp_ps_mask((x), _mm512_setzero_ps(), _CMP_LT_OQ)
+#define VSELECT(mask, t, f) _mm512_mask_blend_ps((mask), (f), (t))
+#define QK_MR 6 /* 24 accumulators + 4 query vectors + 1 broadcast of 32 registers */
+#define QK_NV 4
+#define PV_MR 6
+#define PV_NV 4
+#include "cpu_ops_f32.h"
+
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
+{
+    int64_t i = 0;
+    switch (dtype) {
+    case FMHA_DTYPE_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    case FMHA_DTYPE_BF16:
+        for (; i < n; i += 16) {
+            __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)src + i);
+            __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+            _mm512_mask_storeu_ps(dst + i, mk, _mm512_castsi512_ps(w));
+        }
+        return;
+    case FMHA_DTYPE_F16:
+        for (; i < n; i += 16) {
+            __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            __m256i h = _mm256_maskz_loadu_epi16(mk, (const uint16_t *)src + i);
+            _mm512_mask_storeu_ps(dst + i, mk, _mm512_cvtph_ps(h));
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+const fmha_cpu_ops fmha_ops_cpu_avx512_f32 = {
+    .lanes = VL,
+    .bf16dp = 0,
+    .to_f32 = to_f32,
+    .qk = qk,
+    .softcap = softcap,
+    .softmax = softmax,
+    .pv = pv,
+};
+
+/* ------------------------------------------------------------ bf16 pairs */
+
+enum { BR = FMHA_CPU_BR };
+
+static inline __m512i bcast_pair(const uint16_t *p)
+{
+    int32_t w;
+    memcpy(&w, p, 4); /* rows may sit at odd element strides */
+    return _mm512_set1_epi32(w);
+}
+
+__attribute__((target("avx512bf16"))) static inline __m512
+dp(__m512 acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* st[j][i] = sum over pairs c of k[j][2c..2c+1] . qt[c][i][0..1] */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+qk_bf16_tile(const uint16_t *k, int64_t ks, const uint16_t *qt, int64_t d, float *st, int j0,
+             const int mr)
+{
+    __m512 acc[6][4];
+    for (int r = 0; r < mr; r++)
+        for (int x = 0; x < 4; x++)
+            acc[r][x] = _mm512_setzero_ps();
+    const uint16_t *kr = k + (int64_t)j0 * ks;
+    for (int64_t c = 0; c < d / 2; c++) {
+        __m512i q[4];
+        for (int x = 0; x < 4; x++)
+            q[x] = _mm512_loadu_si512(qt + (c * BR + x * 16) * 2);
+        for (int r = 0; r < mr; r++) {
+            __m512i kb = bcast_pair(kr + r * ks + 2 * c);
+            for (int x = 0; x < 4; x++)
+                acc[r][x] = dp(acc[r][x], kb, q[x]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int x = 0; x < 4; x++)
+            _mm512_storeu_ps(st + (j0 + r) * BR + x * 16, acc[r][x]);
+}
+
+__attribute__((target("avx512bf16"))) static void qk_bf16(const void *kv, int64_t ks, int nj,
+                                                          const void *qtv, int64_t d, float *st)
+{
+    const uint16_t *k = kv, *qt = qtv;
+    int j = 0;
+    for (; j + 6 <= nj; j += 6)
+        qk_bf16_tile(k, ks, qt, d, st, j, 6);
+    for (; j < nj; j++)
+        qk_bf16_tile(k, ks, qt, d, st, j, 1);
+}
+
+/* o[i][c] = alpha[i] o[i][c] + sum over pairs j of p2[j][i][0..1] . v2[j][c][0..1] */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+pv_bf16_tile(const uint16_t *p2, int njp, const uint16_t *v2, int64_t dvp, const float *alpha,
+             float *o, int i0, int64_t c0, const int mr, const int nv)
+{
+    __m512 acc[6][4];
+    for (int r = 0; r < mr; r++) {
+        __m512 a = _mm512_set1_ps(alpha[i0 + r]);
+        for (int x = 0; x < nv; x++)
+            acc[r][x] = _mm512_mul_ps(a, _mm512_loadu_ps(o + (i0 + r) * dvp + c0 + x * 16));
+    }
+    for (int j = 0; j < njp; j++) {
+        __m512i vv[4];
+        for (int x = 0; x < nv; x++)
+            vv[x] = _mm512_loadu_si512(v2 + (j * dvp + c0 + x * 16) * 2);
+        for (int r = 0; r < mr; r++) {
+            __m512i pb = bcast_pair(p2 + (j * BR + i0 + r) * 2);
+            for (int x = 0; x < nv; x++)
+                acc[r][x] = dp(acc[r][x], pb, vv[x]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int x = 0; x < nv; x++)
+            _mm512_storeu_ps(o + (i0 + r) * dvp + c0 + x * 16, acc[r][x]);
+}
+
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+pv_bf16_columns(const uint16_t *p2, int njp, const uint16_t *v2, int64_t dvp, const float *alpha,
+                float *o, int64_t c0, const int nv)
+{
+    int i = 0;
+    for (; i + 6 <= BR; i += 6)
+        pv_bf16_tile(p2, njp, v2, dvp, alpha, o, i, c0, 6, nv);
+    for (; i < BR; i++)
+        pv_bf16_tile(p2, njp, v2, dvp, alpha, o, i, c0, 1, nv);
+}
+
+__attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int nj,
+                                                          const void *vv, int64_t vs,
+                                                          int64_t dvp, const float *alpha,
+                                                          float *o)
+{
+    const uint16_t *p2 = pv_, *v2 = vv;
+    const int njp = (nj + 1) / 2;
+    (void)vs;
+    int64_t c0 = 0;
+    for (; c0 + 64 <= dvp; c0 += 64)
+        pv_bf16_columns(p2, njp, v2, dvp, alpha, o, c0, 4);
+    for (; c0 < dvp; c0 += 16)
+        pv_bf16_columns(p2, njp, v2, dvp, alpha, o, c0, 1);
+}
+
+/* Interleaves the bf16 of a (even index) and b (odd index): lanes k of a and
+ * k of b become elements 2k and 2k+1. */
+static inline __m512i interleave_lo(__m512i a, __m512i b)
+{
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                         32, 0);
+    return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+static inline __m512i interleave_hi(__m512i a, __m512i b)
+{
+    const __m512i idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25,
+                                         56, 24, 55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18,
+                                         49, 17, 48, 16);
+    return _mm512_permutex2var_epi16(a, idx, b);
+}
+
+__attribute__((target("avx512bf16"))) static void pack_p(const float *st, int nj, uint16_t *p2)
+{
+    for (int j = 0; j < nj; j += 2) {
+        for (int x = 0; x < 4; x++) {
+            __m512 a = _mm512_loadu_ps(st + j * BR + x * 16);
+            __m512 b = j + 1 < nj ? _mm512_loadu_ps(st + (j + 1) * BR + x * 16)
+                                  : _mm512_setzero_ps();
+            /* low half a, high half b, then a/b interleaved */
+            __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+            _mm512_storeu_si512(p2 + ((j / 2) * BR + x * 16) * 2,
+                                interleave_lo(ab, _mm512_shuffle_i64x2(ab, ab, 0xee)));
+        }
+    }
+}
+
+static void pack_v(const uint16_t *v, int64_t vs, int nj, int64_t dv, int64_t dvp, uint16_t *v2)
+{
+    for (int j = 0; j < nj; j += 2) {
+        const uint16_t *ra = v + j * vs, *rb = v + (j + 1) * vs;
+        uint16_t *dst = v2 + (j / 2) * dvp * 2;
+        for (int64_t c = 0; c < dvp; c += 32) {
+            int64_t left = dv - c;
+            __mmask32 mk = left >= 32 ? 0xffffffffu : left > 0 ? (__mmask32)((1u << left) - 1) : 0;
+            __m512i a = _mm512_maskz_loadu_epi16(mk, ra + c);
+            __m512i b = j + 1 < nj ? _mm512_maskz_loadu_epi16(mk, rb + c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + c * 2, interleave_lo(a, b));
+            if (c + 16 < dvp)
+                _mm512_storeu_si512(dst + c * 2 + 32, interleave_hi(a, b));
+        }
+    }
+}
+
+const fmha_cpu_ops fmha_ops_cpu_avx512_bf16dp = {
+    .lanes = VL,
+    .bf16dp = 1,
+    .to_f32 = to_f32,
+    .qk = qk_bf16,
+    .softcap = softcap,
+    .softmax = softmax,
+    .pv = pv_bf16,
+    .pack_p = pack_p,
+    .pack_v = pack_v,
+};

@@ -1,0 +1,79 @@
+/* cpu_ops_scalar.c — portable C micro-kernels for the CPU driver: any CPU,
+ * plain loops, the same tile contracts as the SIMD versions (cpu.h). */
+#include "cpu.h"
+
+#include <math.h>
+
+enum { BR = FMHA_CPU_BR };
+
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = fmha_load_f32(src, dtype, i);
+}
+
+static void qk(const void *kv, int64_t ks, int nj, const void *qtv, int64_t d, float *st)
+{
+    const float *k = kv, *qt = qtv;
+    for (int j = 0; j < nj; j++) {
+        float acc[BR] = {0};
+        const float *krow = k + j * ks;
+        for (int64_t c = 0; c < d; c++)
+            for (int i = 0; i < BR; i++)
+                acc[i] += krow[c] * qt[c * BR + i];
+        for (int i = 0; i < BR; i++)
+            st[j * BR + i] = acc[i];
+    }
+}
+
+static void softcap(float *st, int nj, float scale, float cap)
+{
+    for (int64_t e = 0; e < (int64_t)nj * BR; e++)
+        st[e] = cap * tanhf(st[e] * scale / cap) * 1.4426950408889634f;
+}
+
+static void softmax(float *st, int nj, float scale, float *m, float *l, float *alpha)
+{
+    for (int i = 0; i < BR; i++) {
+        float mx = m[i];
+        for (int j = 0; j < nj; j++)
+            mx = fmaxf(mx, st[j * BR + i] * scale);
+        const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms are 0 */
+        float sum = 0.0f;
+        for (int j = 0; j < nj; j++) {
+            float p = exp2f(st[j * BR + i] * scale - base);
+            st[j * BR + i] = p;
+            sum += p;
+        }
+        alpha[i] = exp2f(m[i] - base);
+        l[i] = l[i] * alpha[i] + sum;
+        m[i] = mx;
+    }
+}
+
+static void pv(const void *pv_, int nj, const void *vv, int64_t vs, int64_t dvp,
+               const float *alpha, float *o)
+{
+    const float *p = pv_, *v = vv;
+    for (int i = 0; i < BR; i++) {
+        float *orow = o + i * dvp;
+        for (int64_t c = 0; c < dvp; c++)
+            orow[c] *= alpha[i];
+        for (int j = 0; j < nj; j++) {
+            const float pij = p[j * BR + i];
+            const float *vrow = v + j * vs;
+            for (int64_t c = 0; c < dvp; c++)
+                orow[c] += pij * vrow[c];
+        }
+    }
+}
+
+const fmha_cpu_ops fmha_ops_cpu_scalar_f32 = {
+    .lanes = 1,
+    .bf16dp = 0,
+    .to_f32 = to_f32,
+    .qk = qk,
+    .softcap = softcap,
+    .softmax = softmax,
+    .pv = pv,
+};

@@ -1,0 +1,240 @@
+/* fmha.c — the public API around the backends: errors, tensor views,
+ * configuration defaults, the layer object and the forward entry points.
+ * Validation lives in validate.c, the kernel choice in select.c. */
+#include "internal.h"
+#include "cpu/cpu.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------ errors */
+
+static _Thread_local char last_error[1024];
+
+fmha_status fmha_set_error(fmha_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void fmha_clear_error(void)
+{
+    last_error[0] = '\0';
+}
+
+const char *fmha_last_error(void)
+{
+    return last_error;
+}
+
+const char *fmha_status_string(fmha_status status)
+{
+    switch (status) {
+    case FMHA_STATUS_OK: return "FMHA_STATUS_OK";
+    case FMHA_STATUS_INVALID_ARGUMENT: return "FMHA_STATUS_INVALID_ARGUMENT";
+    case FMHA_STATUS_UNSUPPORTED: return "FMHA_STATUS_UNSUPPORTED";
+    case FMHA_STATUS_OUT_OF_MEMORY: return "FMHA_STATUS_OUT_OF_MEMORY";
+    case FMHA_STATUS_BACKEND_ERROR: return "FMHA_STATUS_BACKEND_ERROR";
+    }
+    return "FMHA_STATUS_UNKNOWN";
+}
+
+/* ------------------------------------------------------------------ dtypes */
+
+const char *fmha_dtype_name(fmha_dtype dtype)
+{
+    switch (dtype) {
+    case FMHA_DTYPE_F32: return "f32";
+    case FMHA_DTYPE_F16: return "f16";
+    case FMHA_DTYPE_BF16: return "bf16";
+    case FMHA_DTYPE_F8_E4M3: return "f8_e4m3";
+    }
+    return "unknown";
+}
+
+size_t fmha_dtype_size(fmha_dtype dtype)
+{
+    switch (dtype) {
+    case FMHA_DTYPE_F32: return 4;
+    case FMHA_DTYPE_F16:
+    case FMHA_DTYPE_BF16: return 2;
+    case FMHA_DTYPE_F8_E4M3: return 1;
+    }
+    return 0;
+}
+
+float fmha_bf16_to_f32(uint16_t x)
+{
+    return fmha_bf16_to_f32_inline(x);
+}
+
+uint16_t fmha_f32_to_bf16(float x)
+{
+    return fmha_f32_to_bf16_inline(x);
+}
+
+float fmha_f16_to_f32(uint16_t x)
+{
+    return fmha_f16_to_f32_slow(x);
+}
+
+uint16_t fmha_f32_to_f16(float x)
+{
+    return fmha_f32_to_f16_slow(x);
+}
+
+float fmha_f16_to_f32_slow(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) /* inf / NaN */
+        return fmha_bits_to_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) { /* zero or subnormal: exact as a float */
+        float f = (float)man * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    return fmha_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+uint16_t fmha_f32_to_f16_slow(float f)
+{
+    uint32_t u = fmha_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) /* NaN */
+        return sign | 0x7e00u;
+    if (a >= 0x477ff000u) /* rounds to >= 65520: infinity */
+        return sign | 0x7c00u;
+    if (a < 0x38800000u) { /* below 2^-14: subnormal or zero, rounded by the FPU */
+        float mag = fmha_bits_to_f32(a);
+        return sign | (uint16_t)lrintf(mag * 0x1p24f);
+    }
+    uint32_t r = a + 0x0fffu + ((a >> 13) & 1u); /* round to nearest even */
+    return sign | (uint16_t)((r - 0x38000000u) >> 13);
+}
+
+/* ----------------------------------------------------------------- tensors */
+
+fmha_tensor fmha_tensor_bshd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
+                             int64_t heads, int64_t head_dim)
+{
+    fmha_tensor t = {data, dtype, batch, seqlen, heads, head_dim,
+                     seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
+    return t;
+}
+
+fmha_tensor fmha_tensor_bhsd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
+                             int64_t heads, int64_t head_dim)
+{
+    fmha_tensor t = {data, dtype, batch, seqlen, heads, head_dim,
+                     heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1};
+    return t;
+}
+
+fmha_tensor fmha_tensor_packed(void *data, fmha_dtype dtype, int64_t total_tokens, int64_t heads,
+                               int64_t head_dim)
+{
+    return fmha_tensor_bshd(data, dtype, 1, total_tokens, heads, head_dim);
+}
+
+/* ----------------------------------------------------------- configuration */
+
+void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->num_heads = num_heads;
+    cfg->num_kv_heads = num_kv_heads;
+    cfg->head_dim = head_dim;
+    cfg->head_dim_v = head_dim;
+    cfg->dtype = FMHA_DTYPE_BF16;
+    cfg->window_left = -1;
+    cfg->window_right = -1;
+    cfg->device = FMHA_DEVICE_CPU;
+    cfg->cpu_isa = FMHA_CPU_ISA_AUTO;
+}
+
+/* ------------------------------------------------------------------- layer */
+
+struct fmha_layer {
+    fmha_config cfg;
+    fmha_kernel_info kernel;
+    fmha_cpu_workspace ws; /* grown on demand, reused across calls */
+};
+
+fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer out-pointer is NULL");
+    *layer = NULL;
+    fmha_kernel_info info;
+    fmha_status st = fmha_kernel_select(cfg, &info);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    fmha_layer *l = calloc(1, sizeof *l);
+    if (!l)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory allocating a layer");
+    l->cfg = *cfg;
+    l->kernel = info;
+    *layer = l;
+    return FMHA_STATUS_OK;
+}
+
+void fmha_layer_free(fmha_layer *layer)
+{
+    if (!layer)
+        return;
+    fmha_cpu_workspace_free(&layer->ws);
+    free(layer);
+}
+
+const fmha_config *fmha_layer_config(const fmha_layer *layer)
+{
+    return layer ? &layer->cfg : NULL;
+}
+
+const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer)
+{
+    return layer ? &layer->kernel : NULL;
+}
+
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
+    fmha_problem pb;
+    fmha_status st = fmha_validate_forward(&layer->cfg, args, &pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    switch (layer->kernel.device) {
+    case FMHA_DEVICE_CPU: return fmha_cpu_forward(&pb, &layer->kernel, &layer->ws);
+    default: break;
+    }
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s has no runner", layer->kernel.name);
+}
+
+fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)
+{
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    st = fmha_layer_forward(layer, args);
+    fmha_layer_free(layer);
+    return st;
+}
+
+int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
+                      int64_t head, int64_t row, int64_t col, double p)
+{
+    if (!(p > 0.0))
+        return 1;
+    fmha_u32x4 w = fmha_dropout_words(seed, offset, seq * num_heads + head, row, col);
+    return w.v[col & 3] >= fmha_dropout_threshold(p);
+}

@@ -1,0 +1,185 @@
+/* internal.h — what every part of the library shares: the error slot, the
+ * validated problem description handed to backends, element conversions and
+ * the Philox dropout stream (one definition, so every backend draws the same
+ * mask). */
+#ifndef FMHA_INTERNAL_H
+#define FMHA_INTERNAL_H
+
+#include "fmha.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Kernel ids, in the order of kernels.def. */
+enum {
+#define FMHA_CPU_KERNEL(name, isa, compute) FMHA_KERNEL_ID_##name,
+#include "kernels.def"
+#undef FMHA_CPU_KERNEL
+    FMHA_KERNEL_COUNT
+};
+
+/* Records a formatted message for fmha_last_error() and returns `status`. */
+fmha_status fmha_set_error(fmha_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fmha_clear_error(void);
+
+/* A forward call after validation: every number checked, every default
+ * resolved. Backends receive only this. */
+typedef struct fmha_problem {
+    const fmha_config *cfg;
+    const fmha_forward_args *args;
+    int64_t batch;          /* sequences (padded batch or varlen_batch) */
+    int64_t heads, kv_heads, group; /* group = heads / kv_heads */
+    int64_t d, dv;          /* head dims */
+    int64_t max_sq, max_sk; /* longest sequences */
+    int varlen;
+    double scale;           /* resolved softmax scale */
+    uint32_t drop_threshold; /* keep iff philox word >= threshold; 0 = no dropout */
+    double drop_rescale;    /* 1 / (1 - p) */
+} fmha_problem;
+
+/* Validates cfg + args (the one place this happens) and fills `pb`. */
+fmha_status fmha_validate_config(const fmha_config *cfg);
+fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,
+                                  fmha_problem *pb);
+
+/* Per-sequence geometry: where sequence b starts and how long it is. */
+static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q0, int64_t *sq,
+                                   int64_t *k0, int64_t *sk)
+{
+    if (pb->varlen) {
+        *q0 = pb->args->cu_seqlens_q[b];
+        *sq = pb->args->cu_seqlens_q[b + 1] - *q0;
+        *k0 = pb->args->cu_seqlens_k[b];
+        *sk = pb->args->cu_seqlens_k[b + 1] - *k0;
+    } else {
+        *q0 = 0;
+        *sq = pb->args->q.seqlen;
+        *k0 = 0;
+        *sk = pb->args->k.seqlen;
+    }
+}
+
+/* Keys visible to query row i form one interval [lo, hi) of [0, sk): causal
+ * and windows are bottom-right aligned (flash-attn semantics). */
+static inline void fmha_visible_range(const fmha_config *cfg, int64_t i, int64_t sq, int64_t sk,
+                                      int64_t *lo, int64_t *hi)
+{
+    int64_t diag = i + sk - sq;
+    int64_t l = 0, h = sk;
+    int64_t right = cfg->causal ? 0 : cfg->window_right; /* causal is right = 0 */
+    if (right >= 0 && diag + right + 1 < h)
+        h = diag + right + 1;
+    if (cfg->window_left >= 0 && diag - cfg->window_left > l)
+        l = diag - cfg->window_left;
+    if (h < l)
+        h = l;
+    *lo = l;
+    *hi = h;
+}
+
+/* Pointer to element (b, s, h, 0) of a tensor; the offset is in elements. */
+static inline int64_t fmha_tensor_offset(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    return b * t->stride_batch + s * t->stride_seq + h * t->stride_head;
+}
+
+/* ---------------------------------------------------------- conversions */
+
+static inline float fmha_bits_to_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t fmha_f32_to_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float fmha_bf16_to_f32_inline(uint16_t x)
+{
+    return fmha_bits_to_f32((uint32_t)x << 16);
+}
+
+static inline uint16_t fmha_f32_to_bf16_inline(float f)
+{
+    uint32_t u = fmha_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet, keep the sign */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float fmha_f16_to_f32_slow(uint16_t h);
+uint16_t fmha_f32_to_f16_slow(float f);
+
+/* Loads element `i` of a row of `dtype` as float. */
+static inline float fmha_load_f32(const void *row, fmha_dtype dtype, int64_t i)
+{
+    switch (dtype) {
+    case FMHA_DTYPE_F32: return ((const float *)row)[i];
+    case FMHA_DTYPE_BF16: return fmha_bf16_to_f32_inline(((const uint16_t *)row)[i]);
+    case FMHA_DTYPE_F16: return fmha_f16_to_f32_slow(((const uint16_t *)row)[i]);
+    default: return 0.0f;
+    }
+}
+
+static inline void fmha_store_f32(void *row, fmha_dtype dtype, int64_t i, float x)
+{
+    switch (dtype) {
+    case FMHA_DTYPE_F32: ((float *)row)[i] = x; break;
+    case FMHA_DTYPE_BF16: ((uint16_t *)row)[i] = fmha_f32_to_bf16_inline(x); break;
+    case FMHA_DTYPE_F16: ((uint16_t *)row)[i] = fmha_f32_to_f16_slow(x); break;
+    default: break;
+    }
+}
+
+/* ---------------------------------------------------------- Philox4x32-10 */
+
+typedef struct fmha_u32x4 {
+    uint32_t v[4];
+} fmha_u32x4;
+
+static inline fmha_u32x4 fmha_philox4x32_10(fmha_u32x4 ctr, uint32_t key0, uint32_t key1)
+{
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * ctr.v[0];
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * ctr.v[2];
+        fmha_u32x4 n;
+        n.v[0] = (uint32_t)(p1 >> 32) ^ ctr.v[1] ^ key0;
+        n.v[1] = (uint32_t)p1;
+        n.v[2] = (uint32_t)(p0 >> 32) ^ ctr.v[3] ^ key1;
+        n.v[3] = (uint32_t)p0;
+        ctr = n;
+        key0 += 0x9E3779B9u;
+        key1 += 0xBB67AE85u;
+    }
+    return ctr;
+}
+
+/* The four dropout words for columns [4*(col/4), 4*(col/4)+4) of one row. */
+static inline fmha_u32x4 fmha_dropout_words(uint64_t seed, uint64_t offset, int64_t seq_head,
+                                            int64_t row, int64_t col)
+{
+    fmha_u32x4 ctr = {{(uint32_t)(col >> 2), (uint32_t)row, (uint32_t)seq_head,
+                       (uint32_t)offset}};
+    return fmha_philox4x32_10(ctr, (uint32_t)seed,
+                              (uint32_t)(seed >> 32) ^ (uint32_t)(offset >> 32));
+}
+
+/* floor(p * 2^32) for p in [0, 1). */
+static inline uint32_t fmha_dropout_threshold(double p)
+{
+    double t = floor(p * 4294967296.0);
+    return t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
+}
+
+#endif /* FMHA_INTERNAL_H */

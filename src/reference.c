@@ -1,0 +1,93 @@
+/* reference.c — the float64 reference every fast path is tested against.
+ * Plain loops over (sequence, head, query row), one key row at a time, float64
+ * accumulation, every feature. Never fast on purpose: it must stay obvious. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *a)
+{
+    fmha_clear_error();
+    fmha_problem pb;
+    fmha_status st = fmha_validate_forward(cfg, a, &pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (cfg->dtype == FMHA_DTYPE_F8_E4M3)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "f8_e4m3 attention is not available yet: use f32, f16 or bf16");
+
+    const int64_t d = pb.d, dv = pb.dv;
+    double *scores = malloc(sizeof(double) * (size_t)(pb.max_sk > 0 ? pb.max_sk : 1));
+    double *acc = malloc(sizeof(double) * (size_t)dv);
+    if (!scores || !acc) {
+        free(scores);
+        free(acc);
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
+    }
+
+    for (int64_t b = 0; b < pb.batch; b++) {
+        int64_t q0, sq, k0, sk;
+        fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
+        /* padded batches index tensor batch b; packed ones token offsets */
+        const int64_t tb = pb.varlen ? 0 : b;
+        for (int64_t h = 0; h < pb.heads; h++) {
+            const int64_t hk = h / pb.group; /* the KV head serving this query head */
+            for (int64_t i = 0; i < sq; i++) {
+                const char *qrow = (const char *)a->q.data +
+                                   fmha_tensor_offset(&a->q, tb, q0 + i, h) *
+                                       (int64_t)fmha_dtype_size(a->q.dtype);
+                int64_t lo, hi;
+                fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
+
+                double m = -INFINITY;
+                for (int64_t j = lo; j < hi; j++) {
+                    const char *krow = (const char *)a->k.data +
+                                       fmha_tensor_offset(&a->k, tb, k0 + j, hk) *
+                                           (int64_t)fmha_dtype_size(a->k.dtype);
+                    double s = 0.0;
+                    for (int64_t c = 0; c < d; c++)
+                        s += (double)fmha_load_f32(qrow, a->q.dtype, c) *
+                             (double)fmha_load_f32(krow, a->k.dtype, c);
+                    s *= pb.scale;
+                    if (cfg->softcap > 0.0)
+                        s = cfg->softcap * tanh(s / cfg->softcap);
+                    scores[j - lo] = s;
+                    if (s > m)
+                        m = s;
+                }
+
+                for (int64_t c = 0; c < dv; c++)
+                    acc[c] = 0.0;
+                double l = 0.0;
+                for (int64_t j = lo; j < hi; j++) {
+                    double p = exp(scores[j - lo] - m);
+                    l += p; /* the normaliser counts dropped elements too */
+                    if (pb.drop_threshold) {
+                        fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset,
+                                                          b * pb.heads + h, i, j);
+                        if (w.v[j & 3] < pb.drop_threshold)
+                            continue;
+                        p *= pb.drop_rescale;
+                    }
+                    const char *vrow = (const char *)a->v.data +
+                                       fmha_tensor_offset(&a->v, tb, k0 + j, hk) *
+                                           (int64_t)fmha_dtype_size(a->v.dtype);
+                    for (int64_t c = 0; c < dv; c++)
+                        acc[c] += p * (double)fmha_load_f32(vrow, a->v.dtype, c);
+                }
+
+                char *orow = (char *)a->out.data + fmha_tensor_offset(&a->out, tb, q0 + i, h) *
+                                                       (int64_t)fmha_dtype_size(a->out.dtype);
+                for (int64_t c = 0; c < dv; c++)
+                    fmha_store_f32(orow, a->out.dtype, c, l > 0.0 ? (float)(acc[c] / l) : 0.0f);
+                if (a->lse) {
+                    int64_t idx = pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
+                    a->lse[idx] = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
+                }
+            }
+        }
+    }
+    free(scores);
+    free(acc);
+    return FMHA_STATUS_OK;
+}

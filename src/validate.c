@@ -1,0 +1,240 @@
+/* validate.c — the one place where a configuration and a forward call are
+ * checked. Backends run only on what passed here, so they trust every number
+ * and never repeat a check. */
+#include "internal.h"
+
+#include <math.h>
+
+#define INVALID(...) fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+
+fmha_status fmha_validate_config(const fmha_config *cfg)
+{
+    if (!cfg)
+        return INVALID("config is NULL: pass a fmha_config filled by fmha_config_init");
+    if (cfg->num_heads <= 0)
+        return INVALID("num_heads (%lld) must be positive", (long long)cfg->num_heads);
+    if (cfg->num_kv_heads <= 0)
+        return INVALID("num_kv_heads (%lld) must be positive (equal to num_heads for plain "
+                       "multi-head attention)",
+                       (long long)cfg->num_kv_heads);
+    if (cfg->num_kv_heads > cfg->num_heads)
+        return INVALID("num_kv_heads (%lld) exceeds num_heads (%lld): key/value heads are shared "
+                       "by query heads, never the reverse; check num_attention_heads / "
+                       "num_key_value_heads in the model config",
+                       (long long)cfg->num_kv_heads, (long long)cfg->num_heads);
+    if (cfg->num_heads % cfg->num_kv_heads != 0)
+        return INVALID("num_heads (%lld) must be a multiple of num_kv_heads (%lld): each KV head "
+                       "serves an equal group of query heads; check num_attention_heads / "
+                       "num_key_value_heads in the model config",
+                       (long long)cfg->num_heads, (long long)cfg->num_kv_heads);
+    if (cfg->head_dim <= 0)
+        return INVALID("head_dim (%lld) must be positive", (long long)cfg->head_dim);
+    if (cfg->head_dim_v <= 0)
+        return INVALID("head_dim_v (%lld) must be positive (fmha_config_init sets it to head_dim)",
+                       (long long)cfg->head_dim_v);
+    if (cfg->head_dim > 65536 || cfg->head_dim_v > 65536)
+        return INVALID("head dims (%lld, %lld) above 65536 are not attention head dims",
+                       (long long)cfg->head_dim, (long long)cfg->head_dim_v);
+    if ((unsigned)cfg->dtype > FMHA_DTYPE_F8_E4M3)
+        return INVALID("dtype (%d) is not a fmha_dtype value", (int)cfg->dtype);
+    if (!isfinite(cfg->softmax_scale) || cfg->softmax_scale < 0)
+        return INVALID("softmax_scale (%g) must be finite and >= 0; 0 selects 1/sqrt(head_dim)",
+                       cfg->softmax_scale);
+    if (!isfinite(cfg->softcap) || cfg->softcap < 0)
+        return INVALID("softcap (%g) must be finite and >= 0 (0 turns it off)", cfg->softcap);
+    if (!(cfg->dropout_p >= 0.0 && cfg->dropout_p < 1.0))
+        return INVALID("dropout_p (%g) must be in [0, 1)", cfg->dropout_p);
+    if (cfg->window_left < -1)
+        return INVALID("window_left (%lld) must be >= -1 (-1 = unlimited)",
+                       (long long)cfg->window_left);
+    if (cfg->window_right < -1)
+        return INVALID("window_right (%lld) must be >= -1 (-1 = unlimited)",
+                       (long long)cfg->window_right);
+    if (cfg->device != FMHA_DEVICE_CPU && cfg->device != FMHA_DEVICE_CUDA)
+        return INVALID("device (%d) is not a fmha_device value", (int)cfg->device);
+    if ((unsigned)cfg->cpu_isa > FMHA_CPU_ISA_AVX512)
+        return INVALID("cpu_isa (%d) is not a fmha_cpu_isa value", (int)cfg->cpu_isa);
+    if (cfg->num_threads < 0)
+        return INVALID("num_threads (%d) must be >= 0 (0 = OpenMP's default)", cfg->num_threads);
+    return FMHA_STATUS_OK;
+}
+
+static int mul_overflows(int64_t a, int64_t b, int64_t *r)
+{
+    return __builtin_mul_overflow(a, b, r);
+}
+
+static int add_overflows(int64_t a, int64_t b, int64_t *r)
+{
+    return __builtin_add_overflow(a, b, r);
+}
+
+/* Checks one tensor's own consistency: dims, strides, the extent it spans. */
+static fmha_status check_tensor(const fmha_tensor *t, const char *name)
+{
+    if (!t->data)
+        return INVALID("%s.data is NULL", name);
+    if ((unsigned)t->dtype > FMHA_DTYPE_F8_E4M3)
+        return INVALID("%s.dtype (%d) is not a fmha_dtype value", name, (int)t->dtype);
+    const int64_t dims[4] = {t->batch, t->seqlen, t->heads, t->head_dim};
+    const char *dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
+    for (int i = 0; i < 4; i++)
+        if (dims[i] <= 0)
+            return INVALID("%s.%s (%lld) must be positive", name, dim_names[i],
+                           (long long)dims[i]);
+    if (t->stride_dim != 1)
+        return INVALID("%s.stride_dim (%lld) must be 1: the head_dim axis must be contiguous; "
+                       "make the tensor contiguous in its last dimension first",
+                       name, (long long)t->stride_dim);
+    const int64_t strides[3] = {t->stride_batch, t->stride_seq, t->stride_head};
+    const char *stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
+    int64_t extent = t->head_dim;
+    for (int i = 0; i < 3; i++) {
+        int64_t span;
+        if (strides[i] < 0)
+            return INVALID("%s.%s (%lld) must be >= 0", name, stride_names[i],
+                           (long long)strides[i]);
+        if (mul_overflows(dims[i] - 1, strides[i], &span) || add_overflows(extent, span, &extent))
+            return INVALID("%s spans more than 2^63 elements (%s %lld x %s %lld overflows)",
+                           name, dim_names[i], (long long)dims[i], stride_names[i],
+                           (long long)strides[i]);
+    }
+    int64_t bytes;
+    if (mul_overflows(extent, (int64_t)fmha_dtype_size(t->dtype), &bytes))
+        return INVALID("%s spans %lld elements: the byte size overflows int64", name,
+                       (long long)extent);
+    return FMHA_STATUS_OK;
+}
+
+static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total, const char *name,
+                                    int64_t *max_len)
+{
+    if (cu[0] != 0)
+        return INVALID("%s[0] (%d) must be 0", name, (int)cu[0]);
+    *max_len = 0;
+    for (int64_t b = 0; b < n; b++) {
+        if (cu[b + 1] < cu[b])
+            return INVALID("%s decreases at entry %lld (%d after %d): it must be the running "
+                           "sum of sequence lengths",
+                           name, (long long)(b + 1), (int)cu[b + 1], (int)cu[b]);
+        if (cu[b + 1] - cu[b] > *max_len)
+            *max_len = cu[b + 1] - cu[b];
+    }
+    if (cu[n] > total)
+        return INVALID("%s[%lld] (%d) is past the tensor's %lld tokens", name, (long long)n,
+                       (int)cu[n], (long long)total);
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *a,
+                                  fmha_problem *pb)
+{
+    fmha_status st = fmha_validate_config(cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (!a)
+        return INVALID("forward args are NULL");
+
+    const fmha_tensor *ts[4] = {&a->q, &a->k, &a->v, &a->out};
+    const char *names[4] = {"q", "k", "v", "out"};
+    for (int i = 0; i < 4; i++)
+        if ((st = check_tensor(ts[i], names[i])) != FMHA_STATUS_OK)
+            return st;
+
+    for (int i = 0; i < 3; i++)
+        if (ts[i]->dtype != cfg->dtype)
+            return INVALID("%s.dtype (%s) differs from the layer's dtype (%s): q, k and v must "
+                           "all be %s",
+                           names[i], fmha_dtype_name(ts[i]->dtype), fmha_dtype_name(cfg->dtype),
+                           fmha_dtype_name(cfg->dtype));
+    if (a->out.dtype == FMHA_DTYPE_F8_E4M3)
+        return INVALID("out.dtype f8_e4m3 is not an output dtype: use f32, f16 or bf16");
+
+    if (a->q.heads != cfg->num_heads)
+        return INVALID("q.heads (%lld) differs from num_heads (%lld)", (long long)a->q.heads,
+                       (long long)cfg->num_heads);
+    if (a->out.heads != cfg->num_heads)
+        return INVALID("out.heads (%lld) differs from num_heads (%lld)", (long long)a->out.heads,
+                       (long long)cfg->num_heads);
+    if (a->k.heads != cfg->num_kv_heads || a->v.heads != cfg->num_kv_heads)
+        return INVALID("k.heads (%lld) and v.heads (%lld) must equal num_kv_heads (%lld)",
+                       (long long)a->k.heads, (long long)a->v.heads,
+                       (long long)cfg->num_kv_heads);
+    if (a->q.head_dim != cfg->head_dim || a->k.head_dim != cfg->head_dim)
+        return INVALID("q.head_dim (%lld) and k.head_dim (%lld) must equal head_dim (%lld)",
+                       (long long)a->q.head_dim, (long long)a->k.head_dim,
+                       (long long)cfg->head_dim);
+    if (a->v.head_dim != cfg->head_dim_v || a->out.head_dim != cfg->head_dim_v)
+        return INVALID("v.head_dim (%lld) and out.head_dim (%lld) must equal head_dim_v (%lld)",
+                       (long long)a->v.head_dim, (long long)a->out.head_dim,
+                       (long long)cfg->head_dim_v);
+    if (a->q.batch != a->k.batch || a->q.batch != a->v.batch || a->q.batch != a->out.batch)
+        return INVALID("batch sizes differ: q %lld, k %lld, v %lld, out %lld",
+                       (long long)a->q.batch, (long long)a->k.batch, (long long)a->v.batch,
+                       (long long)a->out.batch);
+    if (a->q.seqlen != a->out.seqlen)
+        return INVALID("out.seqlen (%lld) differs from q.seqlen (%lld)", (long long)a->out.seqlen,
+                       (long long)a->q.seqlen);
+    if (a->k.seqlen != a->v.seqlen)
+        return INVALID("v.seqlen (%lld) differs from k.seqlen (%lld)", (long long)a->v.seqlen,
+                       (long long)a->k.seqlen);
+
+    memset(pb, 0, sizeof *pb);
+    pb->cfg = cfg;
+    pb->args = a;
+    pb->heads = cfg->num_heads;
+    pb->kv_heads = cfg->num_kv_heads;
+    pb->group = cfg->num_heads / cfg->num_kv_heads;
+    pb->d = cfg->head_dim;
+    pb->dv = cfg->head_dim_v;
+
+    if ((a->cu_seqlens_q == NULL) != (a->cu_seqlens_k == NULL))
+        return INVALID("cu_seqlens_q and cu_seqlens_k must both be given (packed batch) or both "
+                       "be NULL (padded batch)");
+    if (a->cu_seqlens_q) {
+        if (a->q.batch != 1)
+            return INVALID("packed tensors have batch 1 (got %lld): use fmha_tensor_packed for "
+                           "[total_tokens, heads, head_dim]",
+                           (long long)a->q.batch);
+        if (a->varlen_batch <= 0 || a->varlen_batch > INT32_MAX)
+            return INVALID("varlen_batch (%lld) must be positive (cu_seqlens hold "
+                           "varlen_batch + 1 entries)",
+                           (long long)a->varlen_batch);
+        if (a->q.seqlen > INT32_MAX || a->k.seqlen > INT32_MAX)
+            return INVALID("packed tensors hold more than 2^31 tokens; int32 cu_seqlens cannot "
+                           "index them");
+        int64_t mq, mk;
+        if ((st = check_cu_seqlens(a->cu_seqlens_q, a->varlen_batch, a->q.seqlen, "cu_seqlens_q",
+                                   &mq)) != FMHA_STATUS_OK ||
+            (st = check_cu_seqlens(a->cu_seqlens_k, a->varlen_batch, a->k.seqlen, "cu_seqlens_k",
+                                   &mk)) != FMHA_STATUS_OK)
+            return st;
+        if (a->max_seqlen_q < 0 || (a->max_seqlen_q > 0 && a->max_seqlen_q < mq))
+            return INVALID("max_seqlen_q (%lld) is below the longest query sequence (%lld); "
+                           "pass 0 to let fmha compute it",
+                           (long long)a->max_seqlen_q, (long long)mq);
+        if (a->max_seqlen_k < 0 || (a->max_seqlen_k > 0 && a->max_seqlen_k < mk))
+            return INVALID("max_seqlen_k (%lld) is below the longest key sequence (%lld); "
+                           "pass 0 to let fmha compute it",
+                           (long long)a->max_seqlen_k, (long long)mk);
+        pb->varlen = 1;
+        pb->batch = a->varlen_batch;
+        pb->max_sq = mq;
+        pb->max_sk = mk;
+    } else {
+        pb->batch = a->q.batch;
+        pb->max_sq = a->q.seqlen;
+        pb->max_sk = a->k.seqlen;
+    }
+    if (pb->batch * pb->heads > INT32_MAX)
+        return INVALID("batch x heads (%lld) exceeds 2^31", (long long)(pb->batch * pb->heads));
+
+    pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
+    if (cfg->dropout_p > 0.0) {
+        pb->drop_threshold = fmha_dropout_threshold(cfg->dropout_p);
+        pb->drop_rescale = 1.0 / (1.0 - cfg->dropout_p);
+    } else {
+        pb->drop_rescale = 1.0;
+    }
+    return FMHA_STATUS_OK;
+}

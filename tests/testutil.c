@@ -1,0 +1,178 @@
+/* testutil.c — shared helpers of the C tests (see testutil.h). */
+#include "testutil.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tu_passed, tu_failed;
+
+uint64_t tu_next(tu_rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double tu_uniform(tu_rng *r)
+{
+    return (double)(tu_next(r) >> 11) * 0x1p-53;
+}
+
+double tu_normal(tu_rng *r)
+{
+    double u = tu_uniform(r), v = tu_uniform(r);
+    return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+int64_t tu_range(tu_rng *r, int64_t n)
+{
+    return (int64_t)(tu_next(r) % (uint64_t)n);
+}
+
+void tu_tensor_init(tu_tensor *x, fmha_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
+                    int layout, unsigned char poison)
+{
+    size_t es = fmha_dtype_size(dtype);
+    fmha_tensor t;
+    if (layout == 1) {
+        t = fmha_tensor_bhsd(NULL, dtype, b, s, h, d);
+    } else if (layout == 2) {
+        int64_t dpad = d + 3, hpad = h * dpad + 5; /* gaps after each head and each token */
+        t = fmha_tensor_bshd(NULL, dtype, b, s, h, d);
+        t.stride_head = dpad;
+        t.stride_seq = hpad;
+        t.stride_batch = s * hpad + 7;
+    } else {
+        t = fmha_tensor_bshd(NULL, dtype, b, s, h, d);
+    }
+    int64_t extent = (b - 1) * t.stride_batch + (s - 1) * t.stride_seq + (h - 1) * t.stride_head + d;
+    x->alloc_bytes = (size_t)extent * es;
+    x->alloc = malloc(x->alloc_bytes);
+    memset(x->alloc, poison, x->alloc_bytes);
+    t.data = x->alloc;
+    x->t = t;
+}
+
+void tu_tensor_free(tu_tensor *x)
+{
+    free(x->alloc);
+    x->alloc = NULL;
+}
+
+static size_t elem_offset(const tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c)
+{
+    return (size_t)(b * x->t.stride_batch + s * x->t.stride_seq + h * x->t.stride_head + c);
+}
+
+void tu_fill_normal(tu_tensor *x, tu_rng *r, double sigma)
+{
+    const fmha_tensor *t = &x->t;
+    size_t es = fmha_dtype_size(t->dtype);
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++)
+                    fmha_store_f32((char *)x->alloc + elem_offset(x, b, s, h, 0) * es, t->dtype, c,
+                                   (float)(sigma * tu_normal(r)));
+}
+
+double tu_get(const tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c)
+{
+    size_t es = fmha_dtype_size(x->t.dtype);
+    return fmha_load_f32((const char *)x->alloc + elem_offset(x, b, s, h, 0) * es, x->t.dtype, c);
+}
+
+int tu_gaps_untouched(const tu_tensor *x, unsigned char poison)
+{
+    const fmha_tensor *t = &x->t;
+    size_t es = fmha_dtype_size(t->dtype);
+    unsigned char *mark = calloc(x->alloc_bytes, 1);
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                memset(mark + elem_offset(x, b, s, h, 0) * es, 1, (size_t)t->head_dim * es);
+    int ok = 1;
+    const unsigned char *p = x->alloc;
+    for (size_t i = 0; i < x->alloc_bytes && ok; i++)
+        if (!mark[i] && p[i] != poison)
+            ok = 0;
+    free(mark);
+    return ok;
+}
+
+int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
+{
+    fmha_problem pb;
+    if (fmha_validate_forward(cfg, a, &pb) != FMHA_STATUS_OK)
+        return -1;
+    const int round_p = cfg->dtype == FMHA_DTYPE_BF16;
+    float *sc = malloc(sizeof(float) * (size_t)(pb.max_sk + 1));
+    float *acc = malloc(sizeof(float) * (size_t)pb.dv);
+    const float scale = (float)pb.scale;
+    for (int64_t b = 0; b < pb.batch; b++) {
+        int64_t q0, sq, k0, sk;
+        fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
+        const int64_t tb = pb.varlen ? 0 : b;
+        for (int64_t h = 0; h < pb.heads; h++) {
+            const int64_t hk = h / pb.group;
+            for (int64_t i = 0; i < sq; i++) {
+                const char *qr = (const char *)a->q.data +
+                                 fmha_tensor_offset(&a->q, tb, q0 + i, h) * (int64_t)fmha_dtype_size(a->q.dtype);
+                int64_t lo, hi;
+                fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
+                float m = -INFINITY;
+                for (int64_t j = lo; j < hi; j++) {
+                    const char *kr = (const char *)a->k.data +
+                                     fmha_tensor_offset(&a->k, tb, k0 + j, hk) * (int64_t)fmha_dtype_size(a->k.dtype);
+                    float s = 0;
+                    for (int64_t c = 0; c < pb.d; c++)
+                        s += fmha_load_f32(qr, a->q.dtype, c) * fmha_load_f32(kr, a->k.dtype, c);
+                    s *= scale;
+                    if (cfg->softcap > 0)
+                        s = (float)cfg->softcap * tanhf(s / (float)cfg->softcap);
+                    sc[j - lo] = s;
+                    m = fmaxf(m, s);
+                }
+                float l = 0;
+                for (int64_t c = 0; c < pb.dv; c++)
+                    acc[c] = 0;
+                for (int64_t j = lo; j < hi; j++) {
+                    float p = expf(sc[j - lo] - m);
+                    l += p;
+                    if (pb.drop_threshold) {
+                        fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset, b * pb.heads + h, i, j);
+                        if (w.v[j & 3] < pb.drop_threshold)
+                            continue;
+                        p *= (float)pb.drop_rescale;
+                    }
+                    if (round_p)
+                        p = fmha_bf16_to_f32(fmha_f32_to_bf16(p));
+                    const char *vr = (const char *)a->v.data +
+                                     fmha_tensor_offset(&a->v, tb, k0 + j, hk) * (int64_t)fmha_dtype_size(a->v.dtype);
+                    for (int64_t c = 0; c < pb.dv; c++)
+                        acc[c] += p * fmha_load_f32(vr, a->v.dtype, c);
+                }
+                char *orow = (char *)a->out.data +
+                             fmha_tensor_offset(&a->out, tb, q0 + i, h) * (int64_t)fmha_dtype_size(a->out.dtype);
+                for (int64_t c = 0; c < pb.dv; c++)
+                    fmha_store_f32(orow, a->out.dtype, c, l > 0 ? acc[c] / l : 0.0f);
+                if (a->lse) {
+                    int64_t idx = pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
+                    a->lse[idx] = l > 0 ? m + logf(l) : -INFINITY;
+                }
+            }
+        }
+    }
+    free(sc);
+    free(acc);
+    return 0;
+}
+
+int tu_summary(void)
+{
+    printf("%d passed, %d failed\n", tu_passed, tu_failed);
+    return tu_failed ? 1 : 0;
+}

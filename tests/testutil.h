@@ -1,0 +1,58 @@
+/* testutil.h — what the C tests share: a seeded RNG, tensors in any layout
+ * with poisoned padding, a naive same-precision attention whose error sets
+ * the tolerance, and pass/fail counting. */
+#ifndef FMHA_TESTUTIL_H
+#define FMHA_TESTUTIL_H
+
+#include "fmha.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
+
+uint64_t tu_next(tu_rng *r);
+double tu_uniform(tu_rng *r);          /* [0, 1) */
+double tu_normal(tu_rng *r);
+int64_t tu_range(tu_rng *r, int64_t n); /* [0, n) */
+
+/* A tensor with its own allocation. layout 0 = BSHD, 1 = BHSD, 2 = BSHD with
+ * padded strides (gaps between rows and heads). The whole allocation is
+ * filled with `poison` bytes before the elements are set. */
+typedef struct tu_tensor {
+    fmha_tensor t;
+    void *alloc;
+    size_t alloc_bytes;
+} tu_tensor;
+
+void tu_tensor_init(tu_tensor *x, fmha_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
+                    int layout, unsigned char poison);
+void tu_tensor_free(tu_tensor *x);
+void tu_fill_normal(tu_tensor *x, tu_rng *r, double sigma);
+double tu_get(const tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c);
+/* 1 if every byte of the allocation outside the view still equals `poison`. */
+int tu_gaps_untouched(const tu_tensor *x, unsigned char poison);
+
+/* Naive attention in f32 arithmetic on the same inputs (bf16 inputs also
+ * round the probabilities to bf16, as bf16 attention kernels do): its error
+ * against the reference is the yardstick for a fast path's error. */
+int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a);
+
+/* Counting. */
+extern int tu_passed, tu_failed;
+#define TU_CHECK(cond, ...)                                                                       \
+    do {                                                                                          \
+        if (cond) {                                                                               \
+            tu_passed++;                                                                          \
+        } else {                                                                                  \
+            tu_failed++;                                                                          \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fprintf(stderr, "\n");                                                                \
+        }                                                                                         \
+    } while (0)
+int tu_summary(void); /* prints "N passed, M failed", returns the exit code */
+
+#endif

@@ -1,0 +1,263 @@
+/* hfconfig.c — attention shape from a Hugging Face / diffusers config.json.
+ * Every number is checked here, with messages that name the config field,
+ * because a wrong shape otherwise surfaces later as a confusing tensor error. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "hfconfig.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#if defined(__GNUC__)
+#define HF_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define HF_PRINTF(f, a)
+#endif
+
+/* A config.json is a few kilobytes; anything this big is the wrong file. */
+#define HF_MAX_CONFIG_BYTES (64L * 1024 * 1024)
+
+HF_PRINTF(3, 4)
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err == NULL || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Outcome of reading one optional integer field. */
+enum { FIELD_ABSENT = 0, FIELD_OK, FIELD_BAD };
+
+/* Reads `key` of `obj` as a positive integer. Absent and null are ABSENT;
+ * anything else that is not a positive integer is BAD with a message. */
+static int get_positive(const cJSON *obj, const char *key, const char *name, const char *where,
+                        int64_t *out, char *err, size_t errlen)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (it == NULL || cJSON_IsNull(it))
+        return FIELD_ABSENT;
+    /* Doubles hold integers exactly only up to 2^53; no real shape is near. */
+    double d = cJSON_IsNumber(it) ? it->valuedouble : 0.0;
+    if (!cJSON_IsNumber(it) || !(d >= -9007199254740992.0 && d <= 9007199254740992.0) ||
+        (double)(int64_t)d != d) {
+        char *txt = cJSON_PrintUnformatted(it);
+        set_err(err, errlen, "%s: %s%s is %s; it must be a positive integer", name, where, key,
+                txt ? txt : "not a number");
+        cJSON_free(txt);
+        return FIELD_BAD;
+    }
+    if (d <= 0) {
+        set_err(err, errlen, "%s: %s%s is %lld; it must be a positive integer", name, where,
+                key, (long long)d);
+        return FIELD_BAD;
+    }
+    *out = (int64_t)d;
+    return FIELD_OK;
+}
+
+static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char *err,
+                  size_t errlen)
+{
+    if (!cJSON_IsObject(root)) {
+        set_err(err, errlen, "%s: config is JSON but not an object", name);
+        return -1;
+    }
+    /* Multimodal configs keep the language model under "text_config"; take
+     * every field from one place so a vision tower's numbers never mix in. */
+    const cJSON *sec = root;
+    const char *where = "";
+    const cJSON *heads_item = cJSON_GetObjectItemCaseSensitive(root, "num_attention_heads");
+    if (heads_item == NULL || cJSON_IsNull(heads_item)) {
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        if (cJSON_IsObject(tc)) {
+            sec = tc;
+            where = "text_config.";
+        }
+    }
+
+    int64_t heads = 0, kv = 0, hd = 0, hidden = 0;
+    int r = get_positive(sec, "num_attention_heads", name, where, &heads, err, errlen);
+    if (r == FIELD_BAD)
+        return -1;
+    if (r == FIELD_ABSENT) {
+        set_err(err, errlen,
+                "%s: no num_attention_heads (looked at the top level and in text_config); "
+                "is this a model's config.json?",
+                name);
+        return -1;
+    }
+
+    const char *kv_src = "num_key_value_heads";
+    r = get_positive(sec, "num_key_value_heads", name, where, &kv, err, errlen);
+    if (r == FIELD_BAD)
+        return -1;
+    if (r == FIELD_ABSENT) {
+        kv = heads;
+        kv_src = "num_attention_heads (no num_key_value_heads: MHA)";
+    }
+    if (kv > heads) {
+        set_err(err, errlen,
+                "%s: num_kv_heads (%lld) exceeds num_heads (%lld); check num_attention_heads / "
+                "num_key_value_heads in the model config",
+                name, (long long)kv, (long long)heads);
+        return -1;
+    }
+    if (heads % kv != 0) {
+        /* Callers and users grep for this exact wording; keep it in step
+         * with fmha_layer_init's message. */
+        set_err(err, errlen,
+                "num_heads (%lld) must be a multiple of num_kv_heads (%lld): each KV head "
+                "serves an equal group of query heads; check num_attention_heads / "
+                "num_key_value_heads in the model config",
+                (long long)heads, (long long)kv);
+        return -1;
+    }
+
+    const char *hd_src = "head_dim";
+    r = get_positive(sec, "head_dim", name, where, &hd, err, errlen);
+    if (r == FIELD_BAD)
+        return -1;
+    if (r == FIELD_ABSENT) {
+        hd_src = "attention_head_dim";
+        r = get_positive(sec, "attention_head_dim", name, where, &hd, err, errlen);
+        if (r == FIELD_BAD)
+            return -1;
+    }
+    int have_hd = r == FIELD_OK;
+
+    r = get_positive(sec, "hidden_size", name, where, &hidden, err, errlen);
+    if (r == FIELD_BAD)
+        return -1;
+    int have_hidden = r == FIELD_OK;
+
+    if (have_hd && have_hidden) {
+        /* Compared by division: hd * heads can overflow int64. */
+        if (hidden % heads != 0 || hd != hidden / heads) {
+            set_err(err, errlen,
+                    "%s: %s%s (%lld) x num_attention_heads (%lld) does not equal "
+                    "hidden_size (%lld)",
+                    name, where, hd_src, (long long)hd, (long long)heads, (long long)hidden);
+            return -1;
+        }
+    } else if (!have_hd) {
+        if (!have_hidden) {
+            set_err(err, errlen,
+                    "%s: no head dimension: %sneeds head_dim, attention_head_dim or hidden_size",
+                    name, where);
+            return -1;
+        }
+        if (hidden % heads != 0) {
+            set_err(err, errlen,
+                    "%s: hidden_size (%lld) is not divisible by num_attention_heads (%lld), so "
+                    "head_dim cannot be derived; add head_dim to the config",
+                    name, (long long)hidden, (long long)heads);
+            return -1;
+        }
+        hd = hidden / heads;
+        hd_src = "hidden_size/num_attention_heads";
+    }
+
+    out->num_heads = heads;
+    out->num_kv_heads = kv;
+    out->head_dim = hd;
+    out->hidden_size = have_hidden ? hidden : 0;
+    snprintf(out->source, sizeof out->source,
+             "%s: num_heads=%lld from num_attention_heads, num_kv_heads=%lld from %s, "
+             "head_dim=%lld from %s",
+             *where ? "text_config" : "top level", (long long)heads, (long long)kv, kv_src,
+             (long long)hd, hd_src);
+    return 0;
+}
+
+int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shape *out,
+                    char *err, size_t errlen)
+{
+    if (name == NULL)
+        name = "config";
+    if (out == NULL || (json == NULL && len > 0)) {
+        set_err(err, errlen, "hf_config_parse: NULL argument");
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json ? json : "", len, &end, 0);
+    if (root == NULL) {
+        set_err(err, errlen, "%s: not valid JSON (error near byte %lld)", name,
+                end && json ? (long long)(end - json) : 0LL);
+        return -1;
+    }
+    /* ParseWithLengthOpts stops after the first value; trailing text other
+     * than whitespace means the file is not one JSON document. */
+    size_t pos = (size_t)(end - json);
+    while (pos < len && (json[pos] == ' ' || json[pos] == '\t' || json[pos] == '\n' ||
+                         json[pos] == '\r'))
+        pos++;
+    int rc;
+    if (pos < len) {
+        set_err(err, errlen, "%s: not valid JSON (unexpected text at byte %zu)", name, pos);
+        rc = -1;
+    } else {
+        rc = derive(root, name, out, err, errlen);
+    }
+    cJSON_Delete(root);
+    if (rc != 0)
+        memset(out, 0, sizeof *out);
+    return rc;
+}
+
+int hf_config_read(const char *path, hf_attn_shape *out, char *err, size_t errlen)
+{
+    if (path == NULL || out == NULL) {
+        set_err(err, errlen, "hf_config_read: NULL argument");
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) {
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    /* Read in chunks rather than trusting a file size, so pipes work too. */
+    size_t cap = 0, len = 0;
+    char *buf = NULL;
+    int rc = -1;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (size_t)HF_MAX_CONFIG_BYTES) {
+                set_err(err, errlen, "%s: larger than %ld bytes; not a config.json", path,
+                        HF_MAX_CONFIG_BYTES);
+                goto done;
+            }
+            size_t ncap = cap ? cap * 2 : 16384;
+            char *nb = realloc(buf, ncap);
+            if (nb == NULL) {
+                set_err(err, errlen, "%s: out of memory", path);
+                goto done;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + len, 1, cap - len, fp);
+        len += got;
+        if (got == 0) {
+            if (ferror(fp)) {
+                set_err(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+                goto done;
+            }
+            break;
+        }
+    }
+    rc = hf_config_parse(buf, len, path, out, err, errlen);
+done:
+    free(buf);
+    fclose(fp);
+    return rc;
+}

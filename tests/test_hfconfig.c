@@ -90,9 +90,9 @@ int main(void)
        32, 8, 128, 4096, "num_kv_heads=8 from num_key_value_heads, head_dim=128 from head_dim");
     OK("Llama-2-7B: no head_dim, derived", "{\"hidden_size\":4096,\"num_attention_heads\":32,"
        "\"num_key_value_heads\":32}",
-       32, 32, 128, 4096, "head_dim=128 from hidden_size/num_attention_heads");
+       32, 32, 128, 4096, "head_dim=128 from hidden_size/heads");
     OK("GPT-style MHA: no kv heads", "{\"hidden_size\":768,\"num_attention_heads\":12}", 12, 12,
-       64, 768, "no num_key_value_heads: MHA");
+       64, 768, "num_kv_heads=12 from default (MHA");
     OK("kv heads null = MHA",
        "{\"hidden_size\":2048,\"num_attention_heads\":16,\"num_key_value_heads\":null,"
        "\"head_dim\":null}",
@@ -107,6 +107,22 @@ int main(void)
        "{\"_class_name\":\"FluxTransformer2DModel\",\"num_attention_heads\":24,"
        "\"attention_head_dim\":128,\"joint_attention_dim\":4096}",
        24, 24, 128, 0, "top level");
+    OK("Lumina2 (diffusers): num_kv_heads",
+       "{\"_class_name\":\"Lumina2Transformer2DModel\",\"hidden_size\":2304,"
+       "\"num_attention_heads\":24,\"num_kv_heads\":8,\"num_layers\":26}",
+       24, 8, 96, 2304, "num_kv_heads=8 from num_kv_heads, head_dim=96 from hidden_size/heads");
+    OK("Z-Image (diffusers): n_heads, n_kv_heads, dim",
+       "{\"_class_name\":\"ZImageTransformer2DModel\",\"dim\":3840,\"n_heads\":30,"
+       "\"n_kv_heads\":30,\"n_layers\":30}",
+       30, 30, 128, 3840, "num_heads=30 from n_heads, num_kv_heads=30 from n_kv_heads, "
+       "head_dim=128 from dim/heads");
+    OK("Wan original config: num_heads, dim",
+       "{\"_class_name\":\"WanModel\",\"dim\":5120,\"num_heads\":40,\"ffn_dim\":13824}",
+       40, 40, 128, 5120, "from num_heads");
+    OK("standard name wins over alias",
+       "{\"num_attention_heads\":32,\"num_heads\":7,\"num_key_value_heads\":8,"
+       "\"n_kv_heads\":3,\"head_dim\":128}",
+       32, 8, 128, 0, "from num_attention_heads");
     OK("head_dim wins over attention_head_dim",
        "{\"num_attention_heads\":8,\"head_dim\":64,\"attention_head_dim\":32}", 8, 8, 64, 0,
        "from head_dim");
@@ -172,6 +188,14 @@ int main(void)
         "{\"hidden_size\":4096,\"num_attention_heads\":9007199254740992,"
         "\"head_dim\":9007199254740992}",
         "does not equal hidden_size (4096)");
+    ERR("mismatched dim (alias names in message)",
+        "{\"dim\":3840,\"n_heads\":30,\"head_dim\":64}",
+        "head_dim (64) x n_heads (30) does not equal dim (3840)");
+    ERR("GQA error with alias names", "{\"dim\":2304,\"n_heads\":24,\"n_kv_heads\":7}",
+        "num_heads (24) must be a multiple of num_kv_heads (7)");
+    ERR("kv > heads names the config fields",
+        "{\"hidden_size\":2304,\"num_attention_heads\":4,\"num_kv_heads\":8}",
+        "check num_attention_heads / num_kv_heads");
     ERR("hidden not divisible", "{\"hidden_size\":4100,\"num_attention_heads\":32}",
         "hidden_size (4100) is not divisible by num_attention_heads (32)");
     ERR("no head dim at all", "{\"num_attention_heads\":32}",
@@ -206,6 +230,15 @@ int main(void)
         char err[256] = "";
         int rc = hf_config_parse(buf, sizeof buf - 1 - 7, "mem", &s, err, sizeof err);
         CHECK(rc == 0 && s.num_heads == 2 && s.head_dim == 8, "hf_config_parse: %s", err);
+        /* An exact-size heap copy: ASan catches any read past `len`. */
+        size_t n = sizeof buf - 1 - 7;
+        char *heap = malloc(n);
+        memcpy(heap, buf, n);
+        rc = hf_config_parse(heap, n, "heap", &s, err, sizeof err);
+        CHECK(rc == 0 && s.num_heads == 2, "hf_config_parse, no NUL: %s", err);
+        rc = hf_config_parse(heap, n - 1, "heap", &s, err, sizeof err); /* drops the '}' */
+        CHECK(rc != 0 && strstr(err, "heap: not valid JSON"), "cut JSON, no NUL: %s", err);
+        free(heap);
     }
 
     unlink(g_path);

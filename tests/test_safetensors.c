@@ -345,6 +345,13 @@ static void test_round_trip(void)
     CHECK(st == ST_OK && f.count == 1 && f.meta_count == 0, "null metadata: %s", err);
     st_free(&f);
 
+    /* Leading JSON whitespace is fine, as in the reference reader. */
+    write_raw(tpath("lead.safetensors"),
+              " \n{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2);
+    st = st_read(tpath("lead.safetensors"), &f, err, sizeof err);
+    CHECK(st == ST_OK && f.count == 1, "leading whitespace: %s", err);
+    st_free(&f);
+
     /* A zero-size tensor may sit at the end of the data section. */
     write_raw(tpath("zend.safetensors"),
               "{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
@@ -481,8 +488,11 @@ static void test_corrupt(void)
     BAD_HEADER("not JSON", "{abc", 0, "not valid JSON");
     BAD_HEADER("truncated JSON", "{\"a\":{\"dtype\":\"F32\"", 0, "not valid JSON");
     BAD_HEADER("trailing text", "{} x", 0, "not valid JSON");
+    BAD_HEADER("trailing control byte", "{}  \x01", 0, "unexpected text at byte 4");
+    BAD_HEADER("two objects", "{}{}", 0, "not valid JSON");
     BAD_HEADER("array", "[1,2]", 0, "does not start with '{'");
-    BAD_HEADER("leading space", " {}", 0, "does not start with '{'");
+    BAD_HEADER("whitespace only", "  \n ", 0, "does not start with '{'");
+    BAD_HEADER("control byte before {", "\x01{}", 0, "does not start with '{'");
     BAD_HEADER("overlong UTF-8", "{\"\xc0\xaf\":1}", 0, "not valid UTF-8");
     BAD_HEADER("surrogate UTF-8", "{\"\xed\xa0\x80\":1}", 0, "not valid UTF-8");
     BAD_HEADER("entry not object", "{\"a\":[1]}", 0, "\"a\": entry is not a JSON object");

@@ -36,27 +36,52 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
 /* Outcome of reading one optional integer field. */
 enum { FIELD_ABSENT = 0, FIELD_OK, FIELD_BAD };
 
-/* Reads `key` of `obj` as a positive integer. Absent and null are ABSENT;
- * anything else that is not a positive integer is BAD with a message. */
-static int get_positive(const cJSON *obj, const char *key, const char *name, const char *where,
-                        int64_t *out, char *err, size_t errlen)
+/* The names each quantity goes by, most common first. Besides the
+ * transformers / diffusers standard names: Lumina2 (diffusers) says
+ * num_kv_heads; Z-Image says n_heads, n_kv_heads and dim; Wan's original
+ * config says num_heads and dim. Reading only the standard names would take
+ * Lumina2's 24/8 GQA for 24/24 MHA without a word. */
+static const char *const HEADS_KEYS[] = {"num_attention_heads", "n_heads", "num_heads", NULL};
+static const char *const KV_KEYS[] = {"num_key_value_heads", "num_kv_heads", "n_kv_heads", NULL};
+static const char *const HEAD_DIM_KEYS[] = {"head_dim", "attention_head_dim", NULL};
+static const char *const HIDDEN_KEYS[] = {"hidden_size", "dim", NULL};
+
+/* The first of `keys` present in `obj` and not null, or NULL. */
+static const cJSON *find_field(const cJSON *obj, const char *const *keys, const char **key)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (it == NULL || cJSON_IsNull(it))
+    for (; *keys != NULL; keys++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, *keys);
+        if (it != NULL && !cJSON_IsNull(it)) {
+            *key = *keys;
+            return it;
+        }
+    }
+    return NULL;
+}
+
+/* Reads the first present of `keys` as a positive integer into *out and its
+ * name into *key. Absent and null are ABSENT; anything else that is not a
+ * positive integer is BAD with a message. */
+static int get_positive(const cJSON *obj, const char *const *keys, const char *name,
+                        const char *where, int64_t *out, const char **key, char *err,
+                        size_t errlen)
+{
+    const cJSON *it = find_field(obj, keys, key);
+    if (it == NULL)
         return FIELD_ABSENT;
     /* Doubles hold integers exactly only up to 2^53; no real shape is near. */
     double d = cJSON_IsNumber(it) ? it->valuedouble : 0.0;
     if (!cJSON_IsNumber(it) || !(d >= -9007199254740992.0 && d <= 9007199254740992.0) ||
         (double)(int64_t)d != d) {
         char *txt = cJSON_PrintUnformatted(it);
-        set_err(err, errlen, "%s: %s%s is %s; it must be a positive integer", name, where, key,
+        set_err(err, errlen, "%s: %s%s is %s; it must be a positive integer", name, where, *key,
                 txt ? txt : "not a number");
         cJSON_free(txt);
         return FIELD_BAD;
     }
     if (d <= 0) {
         set_err(err, errlen, "%s: %s%s is %lld; it must be a positive integer", name, where,
-                key, (long long)d);
+                *key, (long long)d);
         return FIELD_BAD;
     }
     *out = (int64_t)d;
@@ -74,8 +99,8 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
      * every field from one place so a vision tower's numbers never mix in. */
     const cJSON *sec = root;
     const char *where = "";
-    const cJSON *heads_item = cJSON_GetObjectItemCaseSensitive(root, "num_attention_heads");
-    if (heads_item == NULL || cJSON_IsNull(heads_item)) {
+    const char *unused;
+    if (find_field(root, HEADS_KEYS, &unused) == NULL) {
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
         if (cJSON_IsObject(tc)) {
             sec = tc;
@@ -84,35 +109,35 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
     }
 
     int64_t heads = 0, kv = 0, hd = 0, hidden = 0;
-    int r = get_positive(sec, "num_attention_heads", name, where, &heads, err, errlen);
+    const char *heads_key = NULL, *kv_key = NULL, *hd_key = NULL, *hidden_key = NULL;
+    int r = get_positive(sec, HEADS_KEYS, name, where, &heads, &heads_key, err, errlen);
     if (r == FIELD_BAD)
         return -1;
     if (r == FIELD_ABSENT) {
         set_err(err, errlen,
-                "%s: no num_attention_heads (looked at the top level and in text_config); "
-                "is this a model's config.json?",
+                "%s: no num_attention_heads (nor n_heads / num_heads; looked at the top level "
+                "and in text_config); is this a model's config.json?",
                 name);
         return -1;
     }
 
-    const char *kv_src = "num_key_value_heads";
-    r = get_positive(sec, "num_key_value_heads", name, where, &kv, err, errlen);
+    r = get_positive(sec, KV_KEYS, name, where, &kv, &kv_key, err, errlen);
     if (r == FIELD_BAD)
         return -1;
     if (r == FIELD_ABSENT) {
         kv = heads;
-        kv_src = "num_attention_heads (no num_key_value_heads: MHA)";
+        kv_key = "default (MHA: no KV-heads field)";
     }
     if (kv > heads) {
         set_err(err, errlen,
-                "%s: num_kv_heads (%lld) exceeds num_heads (%lld); check num_attention_heads / "
-                "num_key_value_heads in the model config",
-                name, (long long)kv, (long long)heads);
+                "%s: num_kv_heads (%lld) exceeds num_heads (%lld); check %s / %s in the model "
+                "config",
+                name, (long long)kv, (long long)heads, heads_key, kv_key);
         return -1;
     }
     if (heads % kv != 0) {
-        /* Callers and users grep for this exact wording; keep it in step
-         * with fmha_layer_init's message. */
+        /* Users and scripts match this exact wording; it is the same
+         * sentence fmha_layer_init reports. */
         set_err(err, errlen,
                 "num_heads (%lld) must be a multiple of num_kv_heads (%lld): each KV head "
                 "serves an equal group of query heads; check num_attention_heads / "
@@ -121,19 +146,12 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
         return -1;
     }
 
-    const char *hd_src = "head_dim";
-    r = get_positive(sec, "head_dim", name, where, &hd, err, errlen);
+    r = get_positive(sec, HEAD_DIM_KEYS, name, where, &hd, &hd_key, err, errlen);
     if (r == FIELD_BAD)
         return -1;
-    if (r == FIELD_ABSENT) {
-        hd_src = "attention_head_dim";
-        r = get_positive(sec, "attention_head_dim", name, where, &hd, err, errlen);
-        if (r == FIELD_BAD)
-            return -1;
-    }
     int have_hd = r == FIELD_OK;
 
-    r = get_positive(sec, "hidden_size", name, where, &hidden, err, errlen);
+    r = get_positive(sec, HIDDEN_KEYS, name, where, &hidden, &hidden_key, err, errlen);
     if (r == FIELD_BAD)
         return -1;
     int have_hidden = r == FIELD_OK;
@@ -142,9 +160,11 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
         /* Compared by division: hd * heads can overflow int64. */
         if (hidden % heads != 0 || hd != hidden / heads) {
             set_err(err, errlen,
-                    "%s: %s%s (%lld) x num_attention_heads (%lld) does not equal "
-                    "hidden_size (%lld)",
-                    name, where, hd_src, (long long)hd, (long long)heads, (long long)hidden);
+                    "%s: %s%s (%lld) x %s (%lld) does not equal %s (%lld); if the model sets "
+                    "head_dim on purpose (Qwen3 does), attention still runs with that head_dim",
+                    name,
+                    where, hd_key, (long long)hd, heads_key, (long long)heads, hidden_key,
+                    (long long)hidden);
             return -1;
         }
     } else if (!have_hd) {
@@ -156,13 +176,13 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
         }
         if (hidden % heads != 0) {
             set_err(err, errlen,
-                    "%s: hidden_size (%lld) is not divisible by num_attention_heads (%lld), so "
-                    "head_dim cannot be derived; add head_dim to the config",
-                    name, (long long)hidden, (long long)heads);
+                    "%s: %s (%lld) is not divisible by %s (%lld), so head_dim cannot be "
+                    "derived; add head_dim to the config",
+                    name, hidden_key, (long long)hidden, heads_key, (long long)heads);
             return -1;
         }
         hd = hidden / heads;
-        hd_src = "hidden_size/num_attention_heads";
+        hd_key = strcmp(hidden_key, "dim") == 0 ? "dim/heads" : "hidden_size/heads";
     }
 
     out->num_heads = heads;
@@ -170,10 +190,9 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
     out->head_dim = hd;
     out->hidden_size = have_hidden ? hidden : 0;
     snprintf(out->source, sizeof out->source,
-             "%s: num_heads=%lld from num_attention_heads, num_kv_heads=%lld from %s, "
-             "head_dim=%lld from %s",
-             *where ? "text_config" : "top level", (long long)heads, (long long)kv, kv_src,
-             (long long)hd, hd_src);
+             "%s: num_heads=%lld from %s, num_kv_heads=%lld from %s, head_dim=%lld from %s",
+             *where ? "text_config" : "top level", (long long)heads, heads_key, (long long)kv,
+             kv_key, (long long)hd, hd_key);
     return 0;
 }
 
@@ -255,6 +274,7 @@ int hf_config_read(const char *path, hf_attn_shape *out, char *err, size_t errle
             break;
         }
     }
+    buf[len] = '\0'; /* len < cap here: the last fread had room and read 0 */
     rc = hf_config_parse(buf, len, path, out, err, errlen);
 done:
     free(buf);

@@ -12,12 +12,14 @@
  *     fmha_config_init(&cfg, s.num_heads, s.num_kv_heads, s.head_dim);
  *
  * Fields read (from the top level, or from "text_config" when the top level
- * has no num_attention_heads, as in multimodal models):
- *   num_attention_heads                 required
- *   num_key_value_heads                 absent or null: = num_attention_heads (MHA)
- *   head_dim, else attention_head_dim   (diffusers) absent or null: derived
- *   hidden_size                         optional; head_dim = hidden_size / heads
- *                                       when no head dim is given
+ * has no heads field, as in multimodal models); the first name present wins:
+ *   heads      num_attention_heads | n_heads | num_heads           required
+ *   kv heads   num_key_value_heads | num_kv_heads | n_kv_heads    absent or null: MHA
+ *   head dim   head_dim | attention_head_dim (diffusers)           absent or null: derived
+ *   hidden     hidden_size | dim                                   optional
+ * Without a head dim, head_dim = hidden / heads. With both, head_dim x heads
+ * must equal hidden. The aliases cover Lumina2 (num_kv_heads), Z-Image
+ * (n_heads, n_kv_heads, dim) and Wan's original config (num_heads, dim).
  * Nothing here prints or exits; errors return nonzero with a message in err. */
 #ifndef FMHA_TOOLS_HFCONFIG_H
 #define FMHA_TOOLS_HFCONFIG_H
@@ -34,8 +36,9 @@ typedef struct hf_attn_shape {
     int64_t num_kv_heads; /* divides num_heads */
     int64_t head_dim;
     int64_t hidden_size;  /* 0 if the config has none */
-    /* Where the numbers came from, e.g. "text_config: num_attention_heads=32,
-     * num_key_value_heads=8, head_dim=hidden_size/num_attention_heads". */
+    /* Where the numbers came from, e.g. "text_config: num_heads=32 from
+     * num_attention_heads, num_kv_heads=8 from num_key_value_heads, head_dim=128
+     * from hidden_size/heads". */
     char source[256];
 } hf_attn_shape;
 

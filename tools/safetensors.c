@@ -637,7 +637,9 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
     }
     hdr[hlen] = '\0';
 
-    if (hlen == 0 || hdr[0] != '{') {
+    /* The JSON must be an object; saying so up front beats cJSON's offset. */
+    size_t first = strspn(hdr, " \t\r\n");
+    if (first == (size_t)hlen || hdr[first] != '{') {
         set_err(err, errlen, "%s: header does not start with '{'", path);
         st = ST_ERR_FORMAT;
         goto done;
@@ -658,11 +660,21 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
         goto done;
     }
     const char *parse_end = NULL;
-    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen + 1, &parse_end, 1);
+    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &parse_end, 0);
     if (root == NULL) {
         long long at = parse_end ? (long long)(parse_end - hdr) : -1;
         set_err(err, errlen, "%s: header is not valid JSON (error near byte %lld of %llu)", path,
                 at, (unsigned long long)hlen);
+        st = ST_ERR_FORMAT;
+        goto done;
+    }
+    /* Only JSON whitespace (the writer's space padding) may follow the
+     * object; cJSON's own check would also let control bytes through. */
+    size_t rest = (size_t)(parse_end - hdr);
+    rest += strspn(parse_end, " \t\r\n");
+    if (rest != (size_t)hlen) {
+        set_err(err, errlen, "%s: header is not valid JSON (unexpected text at byte %zu of %llu)",
+                path, rest, (unsigned long long)hlen);
         st = ST_ERR_FORMAT;
         goto done;
     }

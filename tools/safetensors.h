@@ -119,7 +119,8 @@ typedef struct st_file {
  * Every tensor's data is aligned to its element size, so it may be cast to
  * e.g. const uint16_t * for BF16.
  * Integers in the header must be exact (|x| <= 2^53), since JSON numbers
- * are read as doubles. */
+ * are read as doubles; for the same reason an integral float such as 2.0
+ * is taken as an integer (the reference reader refuses it). */
 st_status st_read(const char *path, st_file *out, char *err, size_t errlen);
 
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL if absent */
@@ -135,7 +136,8 @@ void st_free(st_file *f); /* zeroes *f; NULL-safe */
  * The file is written to `path`.tmp.XXXXXX in the same directory, flushed
  * with fsync and renamed over `path`, so `path` either keeps its old content
  * or holds the complete new file; on failure the temporary file is removed.
- * A new file gets mode 0644; an existing file's mode is kept. */
+ * A new file gets mode 0644; an existing file's mode is kept. A symlink at
+ * `path` is replaced by the file, not followed. */
 st_status st_write(const char *path, const st_tensor *tensors, int count,
                    const char *const *meta_kv, char *err, size_t errlen);
 

@@ -138,6 +138,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
     const int64_t tb = pb->varlen ? 0 : b; /* tensor batch index */
     const int64_t i0 = t * BR;
     const int rows = (int)(sq - i0 < BR ? sq - i0 : BR);
+    const int nq = (int)round_up(rows, FMHA_CPU_NQ); /* live queries, padded to a register tile */
     const int64_t hk = h / pb->group;
 
     pack_q(pb, ops, L, tb, q0 + i0, h, rows, s);
@@ -153,37 +154,40 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
     fmha_visible_range(cfg, i0 + rows - 1, sq, sk, &lo_last, &hi_last);
 
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
-    const int k_in_place = ops->bf16dp ? (pb->d % 2 == 0) : a->k.dtype == FMHA_DTYPE_F32;
-    const int v_in_place = !ops->bf16dp && a->v.dtype == FMHA_DTYPE_F32 && pb->dv == L->dvp;
-    const int64_t ks = a->k.stride_seq, vs = a->v.stride_seq;
+    const int64_t kes = (int64_t)fmha_dtype_size(a->k.dtype), ves = (int64_t)fmha_dtype_size(a->v.dtype);
+    const int64_t vs = a->v.stride_seq;
 
     for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
         const int nj = (int)(hi_last - j0 < BC ? hi_last - j0 : BC);
 
-        const void *kp;
-        int64_t kstride;
-        if (k_in_place) {
-            kp = row_ptr(&a->k, tb, k0 + j0, hk);
-            kstride = ks;
-        } else if (ops->bf16dp) { /* odd head dim: pad each row to dp */
+        /* The next block's rows head for the cache while this one computes;
+         * rows of a head sit a whole token apart, too far for the prefetcher. */
+        for (int64_t j = j0 + BC; j < j0 + 2 * BC && j < hi_last; j++) {
+            const char *kr = row_ptr(&a->k, tb, k0 + j, hk), *vr = row_ptr(&a->v, tb, k0 + j, hk);
+            for (int64_t byte = 0; byte < pb->d * kes; byte += 64)
+                __builtin_prefetch(kr + byte, 0, 2);
+            for (int64_t byte = 0; byte < pb->dv * ves; byte += 64)
+                __builtin_prefetch(vr + byte, 0, 2);
+        }
+
+        /* Key rows are copied into a dense block: rows a token apart alias in
+         * L1 and the copy costs less than the misses. */
+        if (ops->bf16dp) {
             uint16_t *kb = s->kbuf;
             for (int j = 0; j < nj; j++) {
                 memcpy(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), (size_t)pb->d * 2);
-                kb[j * L->dp + L->dp - 1] = 0;
+                if (pb->d < L->dp) /* odd head dim: the pair's second half is 0 */
+                    kb[j * L->dp + pb->d] = 0;
             }
-            kp = kb;
-            kstride = L->dp;
         } else {
             float *kb = s->kbuf;
             for (int j = 0; j < nj; j++)
                 ops->to_f32(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), a->k.dtype, pb->d);
-            kp = kb;
-            kstride = L->dp;
         }
-        ops->qk(kp, kstride, nj, s->qt, ops->bf16dp ? L->dp : pb->d, s->st);
+        ops->qk(s->kbuf, L->dp, nj, nq, s->qt, ops->bf16dp ? L->dp : pb->d, s->st);
 
         if (cfg->softcap > 0)
-            ops->softcap(s->st, nj, (float)pb->scale, (float)cfg->softcap);
+            ops->softcap(s->st, nj, nq, (float)pb->scale, (float)cfg->softcap);
 
         /* Rows whose interval does not cover the whole block get -inf
          * outside it; most blocks of a masked problem need none. */
@@ -197,7 +201,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
             }
         }
 
-        ops->softmax(s->st, nj, scale, s->m, s->l, s->alpha);
+        ops->softmax(s->st, nj, nq, scale, s->m, s->l, s->alpha);
 
         if (pb->drop_threshold) {
             const float keep_scale = (float)pb->drop_rescale;
@@ -213,12 +217,10 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         }
 
         if (ops->bf16dp) {
-            ops->pack_p(s->st, nj, s->p2);
+            ops->pack_p(s->st, nj, nq, s->p2);
             ops->pack_v((const uint16_t *)row_ptr(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,
                         s->vbuf);
-            ops->pv(s->p2, nj, s->vbuf, L->dvp, L->dvp, s->alpha, s->o);
-        } else if (v_in_place) {
-            ops->pv(s->st, nj, row_ptr(&a->v, tb, k0 + j0, hk), vs, L->dvp, s->alpha, s->o);
+            ops->pv(s->p2, nj, nq, s->vbuf, L->dvp, L->dvp, s->alpha, s->o);
         } else {
             float *vb = s->vbuf;
             for (int j = 0; j < nj; j++) {
@@ -227,7 +229,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
                 for (int64_t c = pb->dv; c < L->dvp; c++)
                     vb[j * L->dvp + c] = 0.0f;
             }
-            ops->pv(s->st, nj, vb, L->dvp, L->dvp, s->alpha, s->o);
+            ops->pv(s->st, nj, nq, vb, L->dvp, L->dvp, s->alpha, s->o);
         }
     }
 

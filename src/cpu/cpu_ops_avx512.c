@@ -104,7 +104,7 @@ dp(__m512 acc, __m512i a, __m512i b)
 /* st[j][i] = sum over pairs c of k[j][2c..2c+1] . qt[c][i][0..1] */
 __attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
 qk_bf16_tile(const uint16_t *k, int64_t ks, const uint16_t *qt, int64_t d, float *st, int j0,
-             const int mr)
+             int x0, const int mr)
 {
     __m512 acc[6][4];
     for (int r = 0; r < mr; r++)
@@ -114,7 +114,7 @@ qk_bf16_tile(const uint16_t *k, int64_t ks, const uint16_t *qt, int64_t d, float
     for (int64_t c = 0; c < d / 2; c++) {
         __m512i q[4];
         for (int x = 0; x < 4; x++)
-            q[x] = _mm512_loadu_si512(qt + (c * BR + x * 16) * 2);
+            q[x] = _mm512_loadu_si512(qt + (c * BR + (x0 + x) * 16) * 2);
         for (int r = 0; r < mr; r++) {
             __m512i kb = bcast_pair(kr + r * ks + 2 * c);
             for (int x = 0; x < 4; x++)
@@ -123,18 +123,21 @@ qk_bf16_tile(const uint16_t *k, int64_t ks, const uint16_t *qt, int64_t d, float
     }
     for (int r = 0; r < mr; r++)
         for (int x = 0; x < 4; x++)
-            _mm512_storeu_ps(st + (j0 + r) * BR + x * 16, acc[r][x]);
+            _mm512_storeu_ps(st + (j0 + r) * BR + (x0 + x) * 16, acc[r][x]);
 }
 
 __attribute__((target("avx512bf16"))) static void qk_bf16(const void *kv, int64_t ks, int nj,
-                                                          const void *qtv, int64_t d, float *st)
+                                                          int nq, const void *qtv, int64_t d,
+                                                          float *st)
 {
     const uint16_t *k = kv, *qt = qtv;
-    int j = 0;
-    for (; j + 6 <= nj; j += 6)
-        qk_bf16_tile(k, ks, qt, d, st, j, 6);
-    for (; j < nj; j++)
-        qk_bf16_tile(k, ks, qt, d, st, j, 1);
+    for (int x0 = 0; x0 < nq / 16; x0 += 4) {
+        int j = 0;
+        for (; j + 6 <= nj; j += 6)
+            qk_bf16_tile(k, ks, qt, d, st, j, x0, 6);
+        for (; j < nj; j++)
+            qk_bf16_tile(k, ks, qt, d, st, j, x0, 1);
+    }
 }
 
 /* o[i][c] = alpha[i] o[i][c] + sum over pairs j of p2[j][i][0..1] . v2[j][c][0..1] */
@@ -164,17 +167,17 @@ pv_bf16_tile(const uint16_t *p2, int njp, const uint16_t *v2, int64_t dvp, const
 }
 
 __attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
-pv_bf16_columns(const uint16_t *p2, int njp, const uint16_t *v2, int64_t dvp, const float *alpha,
-                float *o, int64_t c0, const int nv)
+pv_bf16_columns(const uint16_t *p2, int njp, int nq, const uint16_t *v2, int64_t dvp,
+                const float *alpha, float *o, int64_t c0, const int nv)
 {
     int i = 0;
-    for (; i + 6 <= BR; i += 6)
+    for (; i + 6 <= nq; i += 6)
         pv_bf16_tile(p2, njp, v2, dvp, alpha, o, i, c0, 6, nv);
-    for (; i < BR; i++)
+    for (; i < nq; i++)
         pv_bf16_tile(p2, njp, v2, dvp, alpha, o, i, c0, 1, nv);
 }
 
-__attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int nj,
+__attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int nj, int nq,
                                                           const void *vv, int64_t vs,
                                                           int64_t dvp, const float *alpha,
                                                           float *o)
@@ -184,9 +187,9 @@ __attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int n
     (void)vs;
     int64_t c0 = 0;
     for (; c0 + 64 <= dvp; c0 += 64)
-        pv_bf16_columns(p2, njp, v2, dvp, alpha, o, c0, 4);
+        pv_bf16_columns(p2, njp, nq, v2, dvp, alpha, o, c0, 4);
     for (; c0 < dvp; c0 += 16)
-        pv_bf16_columns(p2, njp, v2, dvp, alpha, o, c0, 1);
+        pv_bf16_columns(p2, njp, nq, v2, dvp, alpha, o, c0, 1);
 }
 
 /* Interleaves the bf16 of a (even index) and b (odd index): lanes k of a and
@@ -207,10 +210,11 @@ static inline __m512i interleave_hi(__m512i a, __m512i b)
     return _mm512_permutex2var_epi16(a, idx, b);
 }
 
-__attribute__((target("avx512bf16"))) static void pack_p(const float *st, int nj, uint16_t *p2)
+__attribute__((target("avx512bf16"))) static void pack_p(const float *st, int nj, int nq,
+                                                         uint16_t *p2)
 {
     for (int j = 0; j < nj; j += 2) {
-        for (int x = 0; x < 4; x++) {
+        for (int x = 0; x < nq / 16; x++) {
             __m512 a = _mm512_loadu_ps(st + j * BR + x * 16);
             __m512 b = j + 1 < nj ? _mm512_loadu_ps(st + (j + 1) * BR + x * 16)
                                   : _mm512_setzero_ps();

@@ -36,10 +36,10 @@ INLINE void qk_tile(const float *k, int64_t ks, const float *qt, int64_t d, floa
             VSTORE(st + (j0 + r) * T_BR + (x0 + x) * VL, acc[r][x]);
 }
 
-static void qk(const void *kv, int64_t ks, int nj, const void *qtv, int64_t d, float *st)
+static void qk(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int64_t d, float *st)
 {
     const float *k = kv, *qt = qtv;
-    for (int x0 = 0; x0 < T_BR / VL; x0 += QK_NV) {
+    for (int x0 = 0; x0 < nq / VL; x0 += QK_NV) {
         int j = 0;
         for (; j + QK_MR <= nj; j += QK_MR)
             qk_tile(k, ks, qt, d, st, j, x0, QK_MR);
@@ -74,31 +74,31 @@ INLINE void pv_tile(const float *p, int nj, const float *v, int64_t vs, int64_t 
 }
 
 /* Rows in blocks of PV_MR, then one at a time; nv is a compile-time count. */
-INLINE void pv_columns(const float *p, int nj, const float *v, int64_t vs, int64_t dvp,
+INLINE void pv_columns(const float *p, int nj, int nq, const float *v, int64_t vs, int64_t dvp,
                        const float *alpha, float *o, int64_t c0, const int nv)
 {
     int i = 0;
-    for (; i + PV_MR <= T_BR; i += PV_MR)
+    for (; i + PV_MR <= nq; i += PV_MR)
         pv_tile(p, nj, v, vs, dvp, alpha, o, i, c0, PV_MR, nv);
-    for (; i < T_BR; i++)
+    for (; i < nq; i++)
         pv_tile(p, nj, v, vs, dvp, alpha, o, i, c0, 1, nv);
 }
 
-static void pv(const void *pv_, int nj, const void *vv, int64_t vs, int64_t dvp,
+static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int64_t dvp,
                const float *alpha, float *o)
 {
     const float *p = pv_, *v = vv;
     int64_t c0 = 0;
     for (; c0 + PV_NV * VL <= dvp; c0 += PV_NV * VL)
-        pv_columns(p, nj, v, vs, dvp, alpha, o, c0, PV_NV);
+        pv_columns(p, nj, nq, v, vs, dvp, alpha, o, c0, PV_NV);
     for (; c0 < dvp; c0 += VL)
-        pv_columns(p, nj, v, vs, dvp, alpha, o, c0, 1);
+        pv_columns(p, nj, nq, v, vs, dvp, alpha, o, c0, 1);
 }
 
-static void softmax(float *st, int nj, float scale, float *m, float *l, float *alpha)
+static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, float *alpha)
 {
     const V vscale = VSET1(scale);
-    for (int x = 0; x < T_BR / VL; x++) {
+    for (int x = 0; x < nq / VL; x++) {
         float *col = st + x * VL;
         const V m_old = VLOAD(m + x * VL);
         V mx = m_old;
@@ -122,12 +122,14 @@ static void softmax(float *st, int nj, float scale, float *m, float *l, float *a
 
 /* cap * tanh(s * scale / cap) * log2(e), with tanh(y) = sign(y) (1 - e) / (1 + e),
  * e = 2^(-2 |y| log2(e)) in (0, 1], which neither overflows nor loses sign. */
-static void softcap(float *st, int nj, float scale, float cap)
+static void softcap(float *st, int nj, int nq, float scale, float cap)
 {
     const V to_y = VSET1(scale / cap), out = VSET1(cap * 1.4426950408889634f);
     const V m2log2e = VSET1(-2.0f * 1.4426950408889634f), one = VSET1(1.0f);
     const V zero = VZERO();
     for (int64_t e = 0; e < (int64_t)nj * T_BR; e += VL) {
+        if (e % T_BR >= nq)
+            continue;
         V y = VMUL(VLOAD(st + e), to_y);
         V ay = VMAX(y, VSUB(zero, y));
         V ex = VEXP2(VMUL(ay, m2log2e));

@@ -12,29 +12,30 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
         dst[i] = fmha_load_f32(src, dtype, i);
 }
 
-static void qk(const void *kv, int64_t ks, int nj, const void *qtv, int64_t d, float *st)
+static void qk(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int64_t d, float *st)
 {
     const float *k = kv, *qt = qtv;
     for (int j = 0; j < nj; j++) {
         float acc[BR] = {0};
         const float *krow = k + j * ks;
         for (int64_t c = 0; c < d; c++)
-            for (int i = 0; i < BR; i++)
+            for (int i = 0; i < nq; i++)
                 acc[i] += krow[c] * qt[c * BR + i];
-        for (int i = 0; i < BR; i++)
+        for (int i = 0; i < nq; i++)
             st[j * BR + i] = acc[i];
     }
 }
 
-static void softcap(float *st, int nj, float scale, float cap)
+static void softcap(float *st, int nj, int nq, float scale, float cap)
 {
-    for (int64_t e = 0; e < (int64_t)nj * BR; e++)
-        st[e] = cap * tanhf(st[e] * scale / cap) * 1.4426950408889634f;
+    for (int j = 0; j < nj; j++)
+        for (int i = 0; i < nq; i++)
+            st[j * BR + i] = cap * tanhf(st[j * BR + i] * scale / cap) * 1.4426950408889634f;
 }
 
-static void softmax(float *st, int nj, float scale, float *m, float *l, float *alpha)
+static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, float *alpha)
 {
-    for (int i = 0; i < BR; i++) {
+    for (int i = 0; i < nq; i++) {
         float mx = m[i];
         for (int j = 0; j < nj; j++)
             mx = fmaxf(mx, st[j * BR + i] * scale);
@@ -51,11 +52,11 @@ static void softmax(float *st, int nj, float scale, float *m, float *l, float *a
     }
 }
 
-static void pv(const void *pv_, int nj, const void *vv, int64_t vs, int64_t dvp,
+static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int64_t dvp,
                const float *alpha, float *o)
 {
     const float *p = pv_, *v = vv;
-    for (int i = 0; i < BR; i++) {
+    for (int i = 0; i < nq; i++) {
         float *orow = o + i * dvp;
         for (int64_t c = 0; c < dvp; c++)
             orow[c] *= alpha[i];

@@ -229,6 +229,11 @@ uint16_t fmha_f32_to_bf16(float x);
 float fmha_f16_to_f32(uint16_t x);
 uint16_t fmha_f32_to_f16(float x);
 
+/* FLOPs of one padded-batch forward: 2 * (head_dim + head_dim_v) per visible
+ * (query, key) pair and head, so causal and window masks count only what is
+ * visible (a causal square counts S(S+1)/2 pairs). */
+double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64_t seqlen_k);
+
 /* Keep-mask bit of the dropout stream for one element (see fmha_forward_args):
  * returns 1 if element (seq, head, row, col) is kept with probability 1 - p. */
 int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,

@@ -238,3 +238,15 @@ int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_h
     fmha_u32x4 w = fmha_dropout_words(seed, offset, seq * num_heads + head, row, col);
     return w.v[col & 3] >= fmha_dropout_threshold(p);
 }
+
+double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64_t seqlen_k)
+{
+    double pairs = 0;
+    for (int64_t i = 0; i < seqlen_q; i++) {
+        int64_t lo, hi;
+        fmha_visible_range(cfg, i, seqlen_q, seqlen_k, &lo, &hi);
+        pairs += (double)(hi - lo);
+    }
+    return 2.0 * (double)(cfg->head_dim + cfg->head_dim_v) * pairs * (double)cfg->num_heads *
+           (double)batch;
+}

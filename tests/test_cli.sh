@@ -1,0 +1,119 @@
+#!/bin/sh
+# test_cli.sh — the `fmha` command end to end: run on presets and files
+# (padded and packed), --check, safetensors output, config checks, bench JSON,
+# and the errors a user meets. Usage: test_cli.sh PATH/TO/fmha SOURCE_DIR
+FMHA=${1:?usage: test_cli.sh FMHA SOURCE_DIR}
+SRC=${2:-.}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+passed=0
+failed=0
+
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*"; }
+
+# expect CODE PATTERN -- command...: exit status CODE and PATTERN in its output
+expect() {
+    code=$1 pattern=$2
+    shift 3
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ "$rc" -ne "$code" ]; then
+        bad "'$*' exited $rc, expected $code: $out"
+    elif ! printf '%s' "$out" | grep -q -- "$pattern"; then
+        bad "'$*' output lacks '$pattern': $out"
+    else
+        ok
+    fi
+}
+
+# ---- info and help
+expect 0 "backends: cpu" -- "$FMHA" info
+expect 0 "flux-1024" -- "$FMHA" --help
+expect 2 "unknown command" -- "$FMHA" frobnicate
+
+# ---- presets on random data, checked against the reference
+expect 0 "check (last 16 rows.*: ok" -- "$FMHA" run --model flux-1024 --seqlen 300 -o "$T/flux.safetensors"
+[ -f "$T/flux.safetensors" ] && ok || bad "run --model -o wrote no file"
+expect 0 "causal, kernel" -- "$FMHA" run --model llama3-8b --seqlen 200
+expect 0 ": ok" -- "$FMHA" run --model lumina2 --seqlen 150 --dtype f32
+expect 0 ": ok" -- "$FMHA" run --model wan-cross --seqlen 130 --dtype f16 --softcap 20
+expect 0 ": ok" -- "$FMHA" run --model z-image-1024 --seqlen 100 --window-left 16 --window-right 4
+expect 0 "check: skipped" -- "$FMHA" run --model flux-1024 --seqlen 64 --dropout 0.1 --seed 3
+expect 2 "unknown preset" -- "$FMHA" run --model no-such-model
+expect 0 "FMHA_STATUS_OK\|: ok" -- env FMHA_CPU_ISA=scalar "$FMHA" run --model flux-1024 --seqlen 40
+
+# ---- a file written by run runs again, whole, against the reference
+expect 0 "all rows against the float64 reference.*: ok" -- "$FMHA" run "$T/flux.safetensors" --check -o "$T/again.safetensors"
+[ -f "$T/again.safetensors" ] && ok || bad "run FILE -o wrote no file"
+expect 0 ": ok" -- "$FMHA" run "$T/flux.safetensors" --check --causal --threads 1
+
+# ---- packed (varlen) input made by hand: three sequences, one empty
+if command -v python3 >/dev/null 2>&1; then
+    python3 "$SRC/tests/make_packed.py" "$T/packed.safetensors" && ok || bad "make_packed.py failed"
+    expect 0 "3 packed sequences" -- "$FMHA" run "$T/packed.safetensors" --check --causal -o "$T/packed_out.safetensors"
+    python3 - "$T/packed_out.safetensors" <<'EOF' && ok || bad "packed output layout"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+assert h["out"]["shape"] == [45, 4, 32], h["out"]
+assert h["out"]["dtype"] == "F32"
+assert h["lse"]["shape"] == [4, 45], h["lse"]
+EOF
+else
+    echo "python3 missing: packed-input checks skipped"
+fi
+
+# ---- bad input: clear errors, no output file
+expect 1 "cannot read" -- "$FMHA" run "$T/missing.safetensors" -o "$T/x.safetensors"
+head -c 100 "$T/flux.safetensors" > "$T/truncated.safetensors"
+expect 1 "cannot read" -- "$FMHA" run "$T/truncated.safetensors" -o "$T/x.safetensors"
+[ ! -e "$T/x.safetensors" ] && ok || bad "an output file appeared after a failed run"
+expect 2 "needs -o" -- "$FMHA" run "$T/flux.safetensors"
+expect 1 "without a CUDA backend" -- "$FMHA" run --model flux-1024 --seqlen 32 --device cuda
+expect 1 "dropout_p (1.5) must be in \[0, 1)" -- "$FMHA" run --model flux-1024 --seqlen 32 --dropout 1.5
+expect 2 "not an integer" -- "$FMHA" run --model flux-1024 --seqlen abc
+expect 1 "FMHA_CPU_ISA=sse9" -- env FMHA_CPU_ISA=sse9 "$FMHA" run --model flux-1024 --seqlen 32
+
+# ---- model configs
+cat > "$T/llama.json" <<'EOF'
+{"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+EOF
+cat > "$T/bad_gqa.json" <<'EOF'
+{"num_attention_heads": 28, "num_key_value_heads": 6, "head_dim": 128}
+EOF
+cat > "$T/wan.json" <<'EOF'
+{"_class_name": "WanTransformer3DModel", "num_attention_heads": 40, "attention_head_dim": 128}
+EOF
+cat > "$T/more_kv.json" <<'EOF'
+{"num_attention_heads": 8, "num_key_value_heads": 16, "head_dim": 64}
+EOF
+cat > "$T/hidden.json" <<'EOF'
+{"num_attention_heads": 16, "head_dim": 64, "hidden_size": 2000}
+EOF
+expect 0 "num_kv_heads 8 (GQA), head_dim 128" -- "$FMHA" check "$T/llama.json"
+expect 0 "num_heads 40, num_kv_heads 40 (MHA), head_dim 128" -- "$FMHA" check "$T/wan.json"
+expect 1 "num_heads (28) must be a multiple of num_kv_heads (6): each KV head serves an equal group of query heads" -- "$FMHA" check "$T/bad_gqa.json"
+expect 1 "16" -- "$FMHA" check "$T/more_kv.json"
+expect 1 "2000" -- "$FMHA" check "$T/hidden.json"
+expect 1 "" -- "$FMHA" check "$T/missing.json"
+
+# ---- bench: one JSON object per case with the agreed keys
+if command -v python3 >/dev/null 2>&1; then
+    "$FMHA" bench --seqlen 130 --heads 2 --head-dim 64 --iters 2 --json > "$T/bench.json" 2>&1
+    python3 - "$T/bench.json" <<'EOF' && ok || bad "bench --json output: $(cat "$T/bench.json")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert len(rows) == 2, rows
+for r in rows:
+    for key in ("shape", "device", "dtype", "ms", "tflops"):
+        assert key in r, key
+    assert r["device"] == "cpu" and r["ms"] > 0 and r["tflops"] > 0
+assert {r["dtype"] for r in rows} == {"f32", "bf16"}
+EOF
+fi
+expect 0 "GFLOP/s" -- "$FMHA" bench --model lumina2 --seqlen 96 --dtype bf16 --causal --iters 2
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,929 @@
+/* fmha_cli.c — the `fmha` command: run attention on a safetensors file or a
+ * model preset (checked against the float64 reference), benchmark against
+ * the machine's measured peak, check a model config's attention shape, and
+ * report what this build and machine offer. All printing happens here. */
+#define _POSIX_C_SOURCE 200809L
+#include "fmha.h"
+#include "hfconfig.h"
+#include "peak.h"
+#include "presets.h"
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { EXIT_USAGE = 2 };
+
+static const char usage_text[] =
+    "usage: fmha <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run [IN.safetensors -o OUT.safetensors] [--model PRESET] [--seqlen N] [--batch B]\n"
+    "      [--dtype f32|f16|bf16] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
+    "      [--softcap C] [--dropout P --seed N] [--device cpu|cuda] [--threads N] [--check]\n"
+    "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
+    "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
+    "      (dtype of q) and lse (F32). Without IN, runs a model preset (default " FMHA_DEFAULT_PRESET
+    ")\n"
+    "      on random data and checks sampled rows against the float64 reference; -o then\n"
+    "      also saves q, k, v, so that `fmha run OUT --check` can run it again.\n"
+    "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
+    "      --head-dim D] [--dtype f32|f16|bf16] [--causal] [--device cpu|cuda] [--threads N]\n"
+    "      [--iters N] [--json]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
+    "  check CONFIG.json   attention shape of a Hugging Face / diffusers config\n"
+    "  info                version, backends, CPU features, GPUs\n"
+    "\n"
+    "presets:";
+
+static void usage(FILE *f)
+{
+    fputs(usage_text, f);
+    for (int i = 0; fmha_preset_at(i); i++)
+        fprintf(f, "%s%s", i % 6 == 0 ? "\n  " : " ", fmha_preset_at(i)->name);
+    fputs("\n", f);
+}
+
+/* ------------------------------------------------------------- options */
+
+typedef struct options {
+    const char *input, *output, *model;
+    int64_t batch, seqlen, seqlen_k, heads, kv_heads, head_dim;
+    fmha_dtype dtype;
+    int dtype_set;
+    int causal;
+    int64_t window_left, window_right;
+    double scale, softcap, dropout;
+    uint64_t seed;
+    fmha_device device;
+    int threads, check, json, iters;
+} options;
+
+static int parse_int(const char *s, const char *name, int64_t min, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < min) {
+        fprintf(stderr, "fmha: %s '%s' is not an integer >= %lld\n", name, s, (long long)min);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, const char *name, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || !isfinite(v)) {
+        fprintf(stderr, "fmha: %s '%s' is not a finite number\n", name, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_dtype(const char *s, fmha_dtype *out)
+{
+    static const struct { const char *name; fmha_dtype dt; } names[] = {
+        {"f32", FMHA_DTYPE_F32}, {"f16", FMHA_DTYPE_F16}, {"bf16", FMHA_DTYPE_BF16},
+        {"fp8", FMHA_DTYPE_F8_E4M3}, {"f8_e4m3", FMHA_DTYPE_F8_E4M3}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].dt;
+            return 0;
+        }
+    fprintf(stderr, "fmha: --dtype '%s' is not one of f32, f16, bf16, fp8\n", s);
+    return -1;
+}
+
+enum {
+    OPT_MODEL = 256, OPT_SEQLEN, OPT_SEQLEN_K, OPT_BATCH, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM,
+    OPT_DTYPE, OPT_CAUSAL, OPT_WL, OPT_WR, OPT_SCALE, OPT_SOFTCAP, OPT_DROPOUT, OPT_SEED,
+    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS
+};
+
+static int parse_options(int argc, char **argv, options *o)
+{
+    static const struct option longopts[] = {
+        {"output", required_argument, 0, 'o'},      {"model", required_argument, 0, OPT_MODEL},
+        {"seqlen", required_argument, 0, OPT_SEQLEN}, {"seqlen-k", required_argument, 0, OPT_SEQLEN_K},
+        {"batch", required_argument, 0, OPT_BATCH}, {"heads", required_argument, 0, OPT_HEADS},
+        {"kv-heads", required_argument, 0, OPT_KV_HEADS},
+        {"head-dim", required_argument, 0, OPT_HEAD_DIM},
+        {"dtype", required_argument, 0, OPT_DTYPE}, {"causal", no_argument, 0, OPT_CAUSAL},
+        {"window-left", required_argument, 0, OPT_WL},
+        {"window-right", required_argument, 0, OPT_WR},
+        {"scale", required_argument, 0, OPT_SCALE}, {"softcap", required_argument, 0, OPT_SOFTCAP},
+        {"dropout", required_argument, 0, OPT_DROPOUT}, {"seed", required_argument, 0, OPT_SEED},
+        {"device", required_argument, 0, OPT_DEVICE},
+        {"threads", required_argument, 0, OPT_THREADS}, {"check", no_argument, 0, OPT_CHECK},
+        {"json", no_argument, 0, OPT_JSON}, {"iters", required_argument, 0, OPT_ITERS},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    o->window_left = o->window_right = -1;
+    o->dtype = FMHA_DTYPE_BF16;
+    o->seed = 0;
+    optind = 1;
+    int c;
+    int64_t v;
+    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'o': o->output = optarg; break;
+        case OPT_MODEL: o->model = optarg; break;
+        case OPT_SEQLEN: if (parse_int(optarg, "--seqlen", 1, &o->seqlen)) return -1; break;
+        case OPT_SEQLEN_K: if (parse_int(optarg, "--seqlen-k", 1, &o->seqlen_k)) return -1; break;
+        case OPT_BATCH: if (parse_int(optarg, "--batch", 1, &o->batch)) return -1; break;
+        case OPT_HEADS: if (parse_int(optarg, "--heads", 1, &o->heads)) return -1; break;
+        case OPT_KV_HEADS: if (parse_int(optarg, "--kv-heads", 1, &o->kv_heads)) return -1; break;
+        case OPT_HEAD_DIM: if (parse_int(optarg, "--head-dim", 1, &o->head_dim)) return -1; break;
+        case OPT_DTYPE:
+            if (parse_dtype(optarg, &o->dtype))
+                return -1;
+            o->dtype_set = 1;
+            break;
+        case OPT_CAUSAL: o->causal = 1; break;
+        case OPT_WL: if (parse_int(optarg, "--window-left", -1, &o->window_left)) return -1; break;
+        case OPT_WR: if (parse_int(optarg, "--window-right", -1, &o->window_right)) return -1; break;
+        case OPT_SCALE: if (parse_double(optarg, "--scale", &o->scale)) return -1; break;
+        case OPT_SOFTCAP: if (parse_double(optarg, "--softcap", &o->softcap)) return -1; break;
+        case OPT_DROPOUT: if (parse_double(optarg, "--dropout", &o->dropout)) return -1; break;
+        case OPT_SEED:
+            if (parse_int(optarg, "--seed", 0, &v))
+                return -1;
+            o->seed = (uint64_t)v;
+            break;
+        case OPT_DEVICE:
+            if (!strcmp(optarg, "cpu"))
+                o->device = FMHA_DEVICE_CPU;
+            else if (!strcmp(optarg, "cuda"))
+                o->device = FMHA_DEVICE_CUDA;
+            else {
+                fprintf(stderr, "fmha: --device '%s' is not cpu or cuda\n", optarg);
+                return -1;
+            }
+            break;
+        case OPT_THREADS:
+            if (parse_int(optarg, "--threads", 0, &v))
+                return -1;
+            o->threads = (int)v;
+            break;
+        case OPT_CHECK: o->check = 1; break;
+        case OPT_JSON: o->json = 1; break;
+        case OPT_ITERS:
+            if (parse_int(optarg, "--iters", 1, &v))
+                return -1;
+            o->iters = (int)v;
+            break;
+        case 'h': usage(stdout); exit(0);
+        default: return -1;
+        }
+    }
+    if (optind < argc)
+        o->input = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "fmha: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    return 0;
+}
+
+static void config_from_options(const options *o, fmha_config *cfg, int64_t heads, int64_t kv,
+                                int64_t d, int64_t dv)
+{
+    fmha_config_init(cfg, heads, kv, d);
+    cfg->head_dim_v = dv;
+    cfg->dtype = o->dtype;
+    cfg->causal = o->causal;
+    cfg->window_left = o->window_left;
+    cfg->window_right = o->window_right;
+    cfg->softmax_scale = o->scale;
+    cfg->softcap = o->softcap;
+    cfg->dropout_p = o->dropout;
+    cfg->device = o->device;
+    cfg->num_threads = o->threads;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int fail_lib(const char *what, fmha_status st)
+{
+    fprintf(stderr, "fmha: %s: %s (%s)\n", what, fmha_last_error(), fmha_status_string(st));
+    return 1;
+}
+
+/* ---------------------------------------------------- forward with progress */
+
+/* Runs the whole forward; on a terminal, long padded runs go one KV head
+ * group at a time (views, no copies) so that a progress bar can move. */
+static fmha_status forward_with_progress(const fmha_config *cfg, const fmha_forward_args *a)
+{
+    double flops = a->cu_seqlens_q ? 0 : fmha_flops(cfg, a->q.batch, a->q.seqlen, a->k.seqlen);
+    /* Dropout draws by (sequence, head): views would renumber both. */
+    int chunked = isatty(STDERR_FILENO) && flops > 2e11 && cfg->dropout_p == 0.0;
+    if (!chunked)
+        return fmha_forward(cfg, a);
+
+    fmha_config sub = *cfg;
+    const int64_t group = cfg->num_heads / cfg->num_kv_heads;
+    sub.num_heads = group;
+    sub.num_kv_heads = 1;
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, &sub);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const int64_t steps = a->q.batch * cfg->num_kv_heads;
+    for (int64_t step = 0; step < steps && st == FMHA_STATUS_OK; step++) {
+        int64_t b = step / cfg->num_kv_heads, g = step % cfg->num_kv_heads;
+        fmha_forward_args s = *a;
+        const fmha_tensor *src[4] = {&a->q, &a->k, &a->v, &a->out};
+        fmha_tensor *dst[4] = {&s.q, &s.k, &s.v, &s.out};
+        for (int t = 0; t < 4; t++) {
+            int64_t h0 = (t == 1 || t == 2) ? g : g * group;
+            *dst[t] = *src[t];
+            dst[t]->batch = 1;
+            dst[t]->heads = (t == 1 || t == 2) ? 1 : group;
+            dst[t]->data = (char *)src[t]->data + (b * src[t]->stride_batch + h0 * src[t]->stride_head) *
+                                                      (int64_t)fmha_dtype_size(src[t]->dtype);
+        }
+        if (a->lse)
+            s.lse = a->lse + (b * cfg->num_heads + g * group) * a->q.seqlen;
+        st = fmha_layer_forward(layer, &s);
+        int pct = (int)(100 * (step + 1) / steps), filled = pct * 40 / 100;
+        fprintf(stderr, "\r  [%.*s%*s] %3d%%", filled, "########################################",
+                40 - filled, "", pct);
+    }
+    fprintf(stderr, "\r%*s\r", 52, "");
+    fmha_layer_free(layer);
+    return st;
+}
+
+/* ------------------------------------------------------------ comparisons */
+
+static double elem(const fmha_tensor *t, int64_t b, int64_t s, int64_t h, int64_t c)
+{
+    const char *p = (const char *)t->data +
+                    (b * t->stride_batch + s * t->stride_seq + h * t->stride_head + c) *
+                        (int64_t)fmha_dtype_size(t->dtype);
+    uint16_t u;
+    switch (t->dtype) {
+    case FMHA_DTYPE_F32: return *(const float *)p;
+    case FMHA_DTYPE_BF16: memcpy(&u, p, 2); return fmha_bf16_to_f32(u);
+    case FMHA_DTYPE_F16: memcpy(&u, p, 2); return fmha_f16_to_f32(u);
+    default: return NAN;
+    }
+}
+
+typedef struct errstats {
+    double max_abs, ref_max, diff2, ref2;
+    int64_t nonfinite;
+} errstats;
+
+/* Accumulates |x - ref| over rows [s0, s0 + n) of x against rows [0, n) of ref. */
+static void compare_rows(const fmha_tensor *x, int64_t s0, const fmha_tensor *ref, int64_t b,
+                         int64_t rb, int64_t n, errstats *e)
+{
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t h = 0; h < x->heads; h++)
+            for (int64_t c = 0; c < x->head_dim; c++) {
+                double a = elem(x, b, s0 + s, h, c), r = elem(ref, rb, s, h, c);
+                if (!isfinite(a))
+                    e->nonfinite++;
+                double d = fabs(a - r);
+                if (d > e->max_abs)
+                    e->max_abs = d;
+                if (fabs(r) > e->ref_max)
+                    e->ref_max = fabs(r);
+                e->diff2 += d * d;
+                e->ref2 += r * r;
+            }
+}
+
+/* Relative L2 error allowed for an output dtype: a few units of its rounding. */
+static double tolerance(fmha_dtype out)
+{
+    return out == FMHA_DTYPE_F32 ? 1e-5 : out == FMHA_DTYPE_F16 ? 2e-3 : 1e-2;
+}
+
+static int report_check(const errstats *e, fmha_dtype out, const char *what)
+{
+    double rel = e->ref2 > 0 ? sqrt(e->diff2 / e->ref2) : sqrt(e->diff2);
+    int ok = e->nonfinite == 0 && rel <= tolerance(out);
+    printf("check (%s): max |out - ref| = %.3g (max |ref| = %.3g), relative L2 = %.3g, "
+           "tolerance %.0e: %s\n",
+           what, e->max_abs, e->ref_max, rel, tolerance(out), ok ? "ok" : "FAILED");
+    if (e->nonfinite)
+        printf("  %lld non-finite outputs\n", (long long)e->nonfinite);
+    return ok ? 0 : 1;
+}
+
+/* -------------------------------------------------------------- fmha run */
+
+static uint64_t rng_state;
+
+static double rng_normal(void)
+{
+    uint64_t z[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t x = (rng_state += 0x9E3779B97F4A7C15ull);
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        z[i] = x ^ (x >> 31);
+    }
+    double u = ((double)(z[0] >> 11) + 0.5) * 0x1p-53, v = (double)(z[1] >> 11) * 0x1p-53;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static void *alloc_random(fmha_dtype dt, int64_t n)
+{
+    size_t es = fmha_dtype_size(dt);
+    void *p = malloc((size_t)n * es);
+    if (!p)
+        return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        float x = (float)rng_normal();
+        if (dt == FMHA_DTYPE_F32)
+            ((float *)p)[i] = x;
+        else if (dt == FMHA_DTYPE_BF16)
+            ((uint16_t *)p)[i] = fmha_f32_to_bf16(x);
+        else
+            ((uint16_t *)p)[i] = fmha_f32_to_f16(x);
+    }
+    return p;
+}
+
+/* Writes out and lse; with `inputs`, also q, k and v, so that the file can
+ * be run again (`fmha run FILE --check`). */
+static int write_outputs(const char *path, const fmha_tensor *out, int packed, const float *lse,
+                         const char *kernel, const fmha_forward_args *inputs)
+{
+    st_tensor ts[5];
+    int n = 0;
+    int64_t ps[3] = {out->seqlen, out->heads, out->head_dim}, ls[2] = {out->heads, out->seqlen};
+    int64_t oshape[4] = {out->batch, out->seqlen, out->heads, out->head_dim};
+    int64_t lshape[3] = {out->batch, out->heads, out->seqlen};
+    st_dtype odt;
+    st_dtype_from_fmha(out->dtype, &odt);
+    if (packed) {
+        ts[n++] = st_tensor_make("out", odt, 3, ps, out->data);
+        ts[n++] = st_tensor_make("lse", ST_DTYPE_F32, 2, ls, (void *)lse);
+    } else {
+        ts[n++] = st_tensor_make("out", odt, 4, oshape, out->data);
+        ts[n++] = st_tensor_make("lse", ST_DTYPE_F32, 3, lshape, (void *)lse);
+    }
+    int64_t shapes[3][4];
+    if (inputs) { /* contiguous BSHD tensors, as run_model makes them */
+        const fmha_tensor *in[3] = {&inputs->q, &inputs->k, &inputs->v};
+        const char *names[3] = {"q", "k", "v"};
+        for (int i = 0; i < 3; i++) {
+            st_dtype dt;
+            st_dtype_from_fmha(in[i]->dtype, &dt);
+            int64_t sh[4] = {in[i]->batch, in[i]->seqlen, in[i]->heads, in[i]->head_dim};
+            memcpy(shapes[i], sh, sizeof sh);
+            ts[n++] = st_tensor_make(names[i], dt, 4, shapes[i], in[i]->data);
+        }
+    }
+    const char *meta[] = {"producer", "fmha " FMHA_VERSION_STRING, "kernel", kernel, NULL};
+    char err[512];
+    if (st_write(path, ts, n, meta, err, sizeof err) != ST_OK) {
+        fprintf(stderr, "fmha: cannot write %s: %s\n", path, err);
+        return 1;
+    }
+    printf("wrote %s (%s)\n", path, inputs ? "out, lse, q, k, v" : "out, lse");
+    return 0;
+}
+
+static int tensor_from_file(const st_file *f, const char *name, fmha_tensor *t, int *ndim)
+{
+    const st_tensor *s = st_find(f, name);
+    if (!s) {
+        fprintf(stderr, "fmha: input has no tensor '%s' (needs q, k, v)\n", name);
+        return -1;
+    }
+    fmha_dtype dt;
+    if (st_dtype_to_fmha(s->dtype, &dt) || dt == FMHA_DTYPE_F8_E4M3) {
+        fprintf(stderr, "fmha: tensor '%s' has dtype %s; q, k, v must be F32, F16 or BF16\n", name,
+                st_dtype_name(s->dtype));
+        return -1;
+    }
+    if (s->ndim == 4)
+        *t = fmha_tensor_bshd(s->data, dt, s->shape[0], s->shape[1], s->shape[2], s->shape[3]);
+    else if (s->ndim == 3)
+        *t = fmha_tensor_packed(s->data, dt, s->shape[0], s->shape[1], s->shape[2]);
+    else {
+        fprintf(stderr,
+                "fmha: tensor '%s' has %d dims; expected [batch, seq, heads, head_dim] or packed "
+                "[tokens, heads, head_dim]\n",
+                name, s->ndim);
+        return -1;
+    }
+    *ndim = s->ndim;
+    return 0;
+}
+
+static int run_file(const options *o)
+{
+    char err[512];
+    st_file f;
+    if (st_read(o->input, &f, err, sizeof err) != ST_OK) {
+        fprintf(stderr, "fmha: cannot read %s: %s\n", o->input, err);
+        return 1;
+    }
+    int rc = 1;
+    void *outbuf = NULL, *refbuf = NULL;
+    float *lse = NULL;
+    fmha_forward_args a;
+    memset(&a, 0, sizeof a);
+    int nq, nk, nv;
+    if (tensor_from_file(&f, "q", &a.q, &nq) || tensor_from_file(&f, "k", &a.k, &nk) ||
+        tensor_from_file(&f, "v", &a.v, &nv))
+        goto done;
+    if (nq != nk || nq != nv) {
+        fprintf(stderr, "fmha: q, k, v must all be 4-d or all packed 3-d (got %d, %d, %d dims)\n",
+                nq, nk, nv);
+        goto done;
+    }
+    const int packed = nq == 3;
+    if (packed) {
+        const st_tensor *cq = st_find(&f, "cu_seqlens_q"), *ck = st_find(&f, "cu_seqlens_k");
+        if (!cq || !ck || cq->dtype != ST_DTYPE_I32 || ck->dtype != ST_DTYPE_I32 || cq->ndim != 1 ||
+            ck->ndim != 1 || cq->shape[0] != ck->shape[0] || cq->shape[0] < 2) {
+            fprintf(stderr, "fmha: packed q, k, v need cu_seqlens_q and cu_seqlens_k: 1-d I32 "
+                            "tensors of batch + 1 entries each\n");
+            goto done;
+        }
+        a.cu_seqlens_q = cq->data;
+        a.cu_seqlens_k = ck->data;
+        a.varlen_batch = cq->shape[0] - 1;
+    }
+    if (a.q.dtype != a.k.dtype || a.q.dtype != a.v.dtype) {
+        fprintf(stderr, "fmha: q, k, v dtypes differ (%s, %s, %s)\n", fmha_dtype_name(a.q.dtype),
+                fmha_dtype_name(a.k.dtype), fmha_dtype_name(a.v.dtype));
+        goto done;
+    }
+    options oo = *o;
+    oo.dtype = a.q.dtype;
+    fmha_config cfg;
+    config_from_options(&oo, &cfg, a.q.heads, a.k.heads, a.q.head_dim, a.v.head_dim);
+
+    size_t es = fmha_dtype_size(a.q.dtype);
+    int64_t nout = a.q.batch * a.q.seqlen * a.q.heads * a.v.head_dim;
+    outbuf = calloc((size_t)nout, es);
+    lse = calloc((size_t)(a.q.batch * a.q.heads * a.q.seqlen), sizeof(float));
+    if (!outbuf || !lse) {
+        fprintf(stderr, "fmha: out of memory for the output\n");
+        goto done;
+    }
+    a.out = fmha_tensor_bshd(outbuf, a.q.dtype, a.q.batch, a.q.seqlen, a.q.heads, a.v.head_dim);
+    a.lse = lse;
+    a.seed = o->seed;
+
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, &cfg);
+    if (st != FMHA_STATUS_OK) {
+        rc = fail_lib("invalid configuration", st);
+        goto done;
+    }
+    const char *kernel = fmha_layer_kernel(layer)->name;
+    fmha_layer_free(layer);
+    double t0 = now_s();
+    st = forward_with_progress(&cfg, &a);
+    double dt = now_s() - t0;
+    if (st != FMHA_STATUS_OK) {
+        rc = fail_lib("attention failed", st);
+        goto done;
+    }
+    if (packed)
+        printf("%s: %lld packed sequences, q [%lld, %lld, %lld]", o->input,
+               (long long)a.varlen_batch, (long long)a.q.seqlen, (long long)a.q.heads,
+               (long long)a.q.head_dim);
+    else
+        printf("%s: q [%lld, %lld, %lld, %lld]", o->input, (long long)a.q.batch,
+               (long long)a.q.seqlen, (long long)a.q.heads, (long long)a.q.head_dim);
+    printf(", k/v heads %lld, %s, kernel %s: %.1f ms\n", (long long)a.k.heads,
+           fmha_dtype_name(a.q.dtype), kernel, dt * 1e3);
+    rc = 0;
+    if (o->check) {
+        refbuf = malloc((size_t)nout * sizeof(float));
+        float *reflse = malloc(sizeof(float) * (size_t)(a.q.batch * a.q.heads * a.q.seqlen));
+        fmha_forward_args r = a;
+        r.out = fmha_tensor_bshd(refbuf, FMHA_DTYPE_F32, a.q.batch, a.q.seqlen, a.q.heads,
+                                 a.v.head_dim);
+        r.lse = reflse;
+        if (!refbuf || !reflse || (st = fmha_reference_forward(&cfg, &r)) != FMHA_STATUS_OK) {
+            rc = refbuf && reflse ? fail_lib("reference failed", st) : 1;
+            free(reflse);
+            goto done;
+        }
+        errstats e = {0};
+        for (int64_t b = 0; b < a.q.batch; b++)
+            compare_rows(&a.out, 0, &r.out, b, b, a.q.seqlen, &e);
+        rc = report_check(&e, a.out.dtype, "all rows against the float64 reference");
+        free(reflse);
+    }
+    if (rc == 0 && o->output && write_outputs(o->output, &a.out, packed, lse, kernel, NULL))
+        rc = 1;
+done:
+    free(outbuf);
+    free(refbuf);
+    free(lse);
+    st_free(&f);
+    return rc;
+}
+
+static int run_model(const options *o)
+{
+    const char *name = o->model ? o->model : FMHA_DEFAULT_PRESET;
+    const fmha_preset *p = fmha_preset_find(name);
+    if (!p) {
+        fprintf(stderr, "fmha: unknown preset '%s'; one of:", name);
+        for (int i = 0; fmha_preset_at(i); i++)
+            fprintf(stderr, " %s", fmha_preset_at(i)->name);
+        fprintf(stderr, "\n");
+        return EXIT_USAGE;
+    }
+    const int64_t batch = o->batch ? o->batch : 1;
+    int64_t sq = p->seqlen_q, sk = p->seqlen_k;
+    if (o->seqlen) {
+        sk = sq == sk ? o->seqlen : sk; /* cross-attention keeps its text length */
+        sq = o->seqlen;
+    }
+    options oo = *o;
+    oo.causal = o->causal || p->causal;
+    fmha_config cfg;
+    config_from_options(&oo, &cfg, p->heads, p->kv_heads, p->head_dim, p->head_dim);
+
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, &cfg);
+    if (st != FMHA_STATUS_OK)
+        return fail_lib("invalid configuration", st);
+    const char *kernel = fmha_layer_kernel(layer)->name;
+    fmha_layer_free(layer);
+
+    rng_state = o->seed ? o->seed : 20261202;
+    const fmha_dtype dt = cfg.dtype;
+    const int64_t d = p->head_dim;
+    void *q = alloc_random(dt, batch * sq * p->heads * d);
+    void *k = alloc_random(dt, batch * sk * p->kv_heads * d);
+    void *v = alloc_random(dt, batch * sk * p->kv_heads * d);
+    void *out = malloc((size_t)(batch * sq * p->heads * d) * fmha_dtype_size(dt));
+    float *lse = malloc(sizeof(float) * (size_t)(batch * p->heads * sq));
+    int rc = 1;
+    if (!q || !k || !v || !out || !lse) {
+        fprintf(stderr, "fmha: out of memory for %s at %lld tokens\n", name, (long long)sq);
+        goto done;
+    }
+    fmha_forward_args a;
+    memset(&a, 0, sizeof a);
+    a.q = fmha_tensor_bshd(q, dt, batch, sq, p->heads, d);
+    a.k = fmha_tensor_bshd(k, dt, batch, sk, p->kv_heads, d);
+    a.v = fmha_tensor_bshd(v, dt, batch, sk, p->kv_heads, d);
+    a.out = fmha_tensor_bshd(out, dt, batch, sq, p->heads, d);
+    a.lse = lse;
+    a.seed = o->seed;
+
+    printf("%s (%s): q [%lld, %lld, %lld, %lld], k/v [%lld, %lld, %lld, %lld], %s%s, kernel %s\n",
+           p->name, p->model, (long long)batch, (long long)sq, (long long)p->heads, (long long)d,
+           (long long)batch, (long long)sk, (long long)p->kv_heads, (long long)d,
+           fmha_dtype_name(dt), cfg.causal ? ", causal" : "", kernel);
+    fflush(stdout);
+    double t0 = now_s();
+    st = forward_with_progress(&cfg, &a);
+    double secs = now_s() - t0;
+    if (st != FMHA_STATUS_OK) {
+        rc = fail_lib("attention failed", st);
+        goto done;
+    }
+    double flops = fmha_flops(&cfg, batch, sq, sk);
+    printf("time %.1f ms, %.1f GFLOP/s (%.3g GFLOP)\n", secs * 1e3, flops / secs * 1e-9,
+           flops * 1e-9);
+
+    if (cfg.dropout_p > 0) {
+        printf("check: skipped (dropout draws by row, and sampled rows renumber them; use "
+               "`fmha run FILE --check`)\n");
+        rc = 0;
+    } else {
+        /* The last n query rows against all keys see exactly what they see in
+         * the full problem (masks are aligned bottom-right), so the reference
+         * runs on that slice alone. */
+        const int64_t n = sq < 16 ? sq : 16;
+        float *ref = malloc(sizeof(float) * (size_t)(n * p->heads * d));
+        errstats e = {0};
+        rc = 0;
+        for (int64_t b = 0; b < batch && ref; b++) {
+            fmha_forward_args r = a;
+            r.q.batch = r.k.batch = r.v.batch = 1;
+            r.q.data = (char *)q + ((b * sq + sq - n) * p->heads * d) * (int64_t)fmha_dtype_size(dt);
+            r.q.seqlen = n;
+            r.k.data = (char *)k + b * a.k.stride_batch * (int64_t)fmha_dtype_size(dt);
+            r.v.data = (char *)v + b * a.v.stride_batch * (int64_t)fmha_dtype_size(dt);
+            r.out = fmha_tensor_bshd(ref, FMHA_DTYPE_F32, 1, n, p->heads, d);
+            r.lse = NULL;
+            if ((st = fmha_reference_forward(&cfg, &r)) != FMHA_STATUS_OK) {
+                rc = fail_lib("reference failed", st);
+                break;
+            }
+            compare_rows(&a.out, sq - n, &r.out, b, 0, n, &e);
+        }
+        if (!ref)
+            fprintf(stderr, "fmha: out of memory for the reference check\n");
+        if (rc == 0 && ref) {
+            char what[96];
+            snprintf(what, sizeof what, "last %lld rows of every head against the float64 reference",
+                     (long long)n);
+            rc = report_check(&e, dt, what);
+        }
+        free(ref);
+    }
+    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &a))
+        rc = 1;
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(lse);
+    return rc;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    options o;
+    if (parse_options(argc, argv, &o))
+        return EXIT_USAGE;
+    if (o.input && o.model) {
+        fprintf(stderr, "fmha: give an input file or --model, not both\n");
+        return EXIT_USAGE;
+    }
+    if (o.input && !o.output && !o.check) {
+        fprintf(stderr, "fmha: run %s needs -o OUT.safetensors (or --check)\n", o.input);
+        return EXIT_USAGE;
+    }
+    return o.input ? run_file(&o) : run_model(&o);
+}
+
+/* ------------------------------------------------------------ fmha bench */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct bench_shape {
+    const char *name;
+    int64_t batch, sq, sk, heads, kv, d;
+    int causal;
+} bench_shape;
+
+static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, double peak_f32,
+                     double peak_bf16)
+{
+    options oo = *o;
+    oo.dtype = dt;
+    oo.causal = s->causal;
+    fmha_config cfg;
+    config_from_options(&oo, &cfg, s->heads, s->kv, s->d, s->d);
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, &cfg);
+    if (st != FMHA_STATUS_OK)
+        return fail_lib("invalid configuration", st);
+    const fmha_kernel_info *kinfo = fmha_layer_kernel(layer);
+
+    rng_state = 1;
+    void *q = alloc_random(dt, s->batch * s->sq * s->heads * s->d);
+    void *k = alloc_random(dt, s->batch * s->sk * s->kv * s->d);
+    void *v = alloc_random(dt, s->batch * s->sk * s->kv * s->d);
+    void *out = malloc((size_t)(s->batch * s->sq * s->heads * s->d) * fmha_dtype_size(dt));
+    int rc = 1;
+    if (!q || !k || !v || !out) {
+        fprintf(stderr, "fmha: out of memory for the benchmark inputs\n");
+        goto done;
+    }
+    fmha_forward_args a;
+    memset(&a, 0, sizeof a);
+    a.q = fmha_tensor_bshd(q, dt, s->batch, s->sq, s->heads, s->d);
+    a.k = fmha_tensor_bshd(k, dt, s->batch, s->sk, s->kv, s->d);
+    a.v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
+    a.out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
+
+    if ((st = fmha_layer_forward(layer, &a)) != FMHA_STATUS_OK) { /* warm-up */
+        rc = fail_lib("attention failed", st);
+        goto done;
+    }
+    double times[200];
+    int iters = o->iters;
+    if (!iters) {
+        double t0 = now_s();
+        fmha_layer_forward(layer, &a);
+        double one = now_s() - t0;
+        iters = one > 0 ? (int)(2.0 / one) : 200; /* about two seconds */
+        iters = iters < 5 ? 5 : iters > 200 ? 200 : iters;
+    }
+    iters = iters > 200 ? 200 : iters;
+    for (int i = 0; i < iters; i++) {
+        double t0 = now_s();
+        fmha_layer_forward(layer, &a);
+        times[i] = now_s() - t0;
+    }
+    qsort(times, (size_t)iters, sizeof times[0], cmp_double);
+    double med = times[iters / 2];
+    double flops = fmha_flops(&cfg, s->batch, s->sq, s->sk);
+    double gflops = flops / med * 1e-9;
+    int bf16dp = !strcmp(kinfo->name, "cpu_avx512_bf16dp");
+    double peak = bf16dp ? peak_bf16 : peak_f32;
+    const char *peak_name = bf16dp ? "vdpbf16ps" : "f32 FMA";
+    char shape[160];
+    snprintf(shape, sizeof shape, "[%lld, %lld, %lld, %lld] kv %lld sk %lld%s", (long long)s->batch,
+             (long long)s->sq, (long long)s->heads, (long long)s->d, (long long)s->kv,
+             (long long)s->sk, s->causal ? " causal" : "");
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "shape", shape);
+        if (s->name)
+            cJSON_AddStringToObject(j, "model", s->name);
+        cJSON_AddNumberToObject(j, "batch", (double)s->batch);
+        cJSON_AddNumberToObject(j, "seqlen_q", (double)s->sq);
+        cJSON_AddNumberToObject(j, "seqlen_k", (double)s->sk);
+        cJSON_AddNumberToObject(j, "heads", (double)s->heads);
+        cJSON_AddNumberToObject(j, "kv_heads", (double)s->kv);
+        cJSON_AddNumberToObject(j, "head_dim", (double)s->d);
+        cJSON_AddBoolToObject(j, "causal", s->causal);
+        cJSON_AddStringToObject(j, "device", o->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu");
+        cJSON_AddStringToObject(j, "dtype", fmha_dtype_name(dt));
+        cJSON_AddStringToObject(j, "kernel", kinfo->name);
+        cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : omp_get_max_threads());
+        cJSON_AddNumberToObject(j, "iters", iters);
+        cJSON_AddNumberToObject(j, "ms", med * 1e3);
+        cJSON_AddNumberToObject(j, "tflops", gflops * 1e-3);
+        cJSON_AddStringToObject(j, "peak", peak_name);
+        cJSON_AddNumberToObject(j, "peak_tflops", peak * 1e-3);
+        cJSON_AddNumberToObject(j, "peak_fraction", peak > 0 ? gflops / peak : 0);
+        char *txt = cJSON_PrintUnformatted(j);
+        printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+    } else {
+        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)\n", shape,
+               fmha_dtype_name(dt), kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0,
+               peak_name, peak);
+    }
+    fflush(stdout);
+    rc = 0;
+done:
+    fmha_layer_free(layer);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    return rc;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    options o;
+    if (parse_options(argc, argv, &o))
+        return EXIT_USAGE;
+    if (o.input) {
+        fprintf(stderr, "fmha: bench takes no input file\n");
+        return EXIT_USAGE;
+    }
+    bench_shape s = {NULL, 1, 2048, 2048, 16, 16, 128, o.causal};
+    if (o.model) {
+        const fmha_preset *p = fmha_preset_find(o.model);
+        if (!p) {
+            fprintf(stderr, "fmha: unknown preset '%s' (see fmha --help)\n", o.model);
+            return EXIT_USAGE;
+        }
+        s = (bench_shape){p->name, 1, p->seqlen_q, p->seqlen_k, p->heads, p->kv_heads,
+                          p->head_dim, p->causal || o.causal};
+        if (o.seqlen) {
+            s.sk = s.sq == s.sk ? o.seqlen : s.sk;
+            s.sq = o.seqlen;
+        }
+    } else {
+        if (o.seqlen)
+            s.sq = s.sk = o.seqlen;
+        if (o.heads)
+            s.heads = s.kv = o.heads;
+    }
+    if (o.batch)
+        s.batch = o.batch;
+    if (o.seqlen_k)
+        s.sk = o.seqlen_k;
+    if (o.kv_heads)
+        s.kv = o.kv_heads;
+    if (o.head_dim)
+        s.d = o.head_dim;
+
+    const int threads = o.threads ? o.threads : omp_get_max_threads();
+    double peak_f32 = 0, peak_bf16 = 0;
+    if (o.device == FMHA_DEVICE_CPU) {
+        peak_f32 = fmha_peak_f32_gflops(threads);
+        peak_bf16 = fmha_peak_bf16_gflops(threads);
+        if (!o.json)
+            printf("measured peaks on %d threads: f32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s\n",
+                   threads, peak_f32, peak_bf16);
+    }
+    if (o.dtype_set)
+        return bench_one(&o, &s, o.dtype, peak_f32, peak_bf16);
+    int rc = bench_one(&o, &s, FMHA_DTYPE_F32, peak_f32, peak_bf16);
+    return rc ? rc : bench_one(&o, &s, FMHA_DTYPE_BF16, peak_f32, peak_bf16);
+}
+
+/* ------------------------------------------------------------ fmha check */
+
+static int cmd_check(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: fmha check CONFIG.json\n");
+        return EXIT_USAGE;
+    }
+    hf_attn_shape sh;
+    char err[512];
+    if (hf_config_read(argv[1], &sh, err, sizeof err)) {
+        fprintf(stderr, "fmha: %s\n", err);
+        return 1;
+    }
+    fmha_config cfg;
+    fmha_kernel_info info;
+    fmha_config_init(&cfg, sh.num_heads, sh.num_kv_heads, sh.head_dim);
+    fmha_status st = fmha_kernel_select(&cfg, &info);
+    if (st != FMHA_STATUS_OK)
+        return fail_lib(argv[1], st);
+    printf("%s: num_heads %lld, num_kv_heads %lld (%s), head_dim %lld\n", argv[1],
+           (long long)sh.num_heads, (long long)sh.num_kv_heads,
+           sh.num_kv_heads == sh.num_heads ? "MHA"
+           : sh.num_kv_heads == 1          ? "MQA"
+                                           : "GQA",
+           (long long)sh.head_dim);
+    printf("  q   [batch, seq, %lld, %lld]\n  k/v [batch, seq, %lld, %lld]\n",
+           (long long)sh.num_heads, (long long)sh.head_dim, (long long)sh.num_kv_heads,
+           (long long)sh.head_dim);
+    printf("  from %s\n  bf16 kernel here: %s\n", sh.source, info.name);
+    return 0;
+}
+
+/* ------------------------------------------------------------- fmha info */
+
+static int cmd_info(void)
+{
+    printf("fmha %s\n", FMHA_VERSION_STRING);
+    printf("backends: cpu (scalar, avx2, avx512, avx512-bf16); cuda: not built\n");
+    fmha_cpu_isa isa = fmha_cpu_isa_detect();
+    printf("cpu: best ISA %s, OpenMP threads %d\n", fmha_cpu_isa_name(isa), omp_get_max_threads());
+    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
+    for (int i = 0; i < 3; i++) {
+        fmha_config cfg;
+        fmha_kernel_info k;
+        fmha_config_init(&cfg, 1, 1, 128);
+        cfg.dtype = dts[i];
+        if (fmha_kernel_select(&cfg, &k) == FMHA_STATUS_OK)
+            printf("  %-4s inputs run %s\n", fmha_dtype_name(dts[i]), k.name);
+        else
+            printf("  %-4s inputs: %s\n", fmha_dtype_name(dts[i]), fmha_last_error());
+    }
+    printf("gpus: none (this build has no CUDA backend)\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run"))
+        return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "check"))
+        return cmd_check(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info"))
+        return cmd_info();
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("fmha %s\n", FMHA_VERSION_STRING);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "fmha: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return EXIT_USAGE;
+}

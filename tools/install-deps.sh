@@ -1,0 +1,13 @@
+#!/bin/sh
+# install-deps.sh — installs what fmha's build needs (compiler, CMake, cJSON,
+# OpenMP runtime) from Debian's packages, only when something is missing.
+need=""
+command -v cc >/dev/null 2>&1 || need="$need gcc"
+command -v cmake >/dev/null 2>&1 || need="$need cmake"
+command -v make >/dev/null 2>&1 || need="$need make"
+[ -f /usr/include/cjson/cJSON.h ] || need="$need libcjson-dev"
+[ -n "$need" ] || exit 0
+echo "installing:$need"
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null

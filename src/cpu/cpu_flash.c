@@ -99,31 +99,54 @@ static const char *row_ptr(const fmha_tensor *t, int64_t b, int64_t s, int64_t h
     return (const char *)t->data + fmha_tensor_offset(t, b, s, h) * (int64_t)fmha_dtype_size(t->dtype);
 }
 
-/* Q^T of rows [q0, q0 + rows): zero past `rows` and past d. */
+/* The next block's rows head for L2 while this one computes: rows of a head
+ * sit a whole token apart, too far for the hardware prefetcher. K and V go
+ * in two halves so that fewer requests are in flight at once. */
+static void prefetch_rows(const fmha_tensor *t, int64_t tb, int64_t s0, int64_t h, int64_t bytes,
+                          int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        const char *r = row_ptr(t, tb, s0 + j, h);
+        for (int64_t byte = 0; byte < bytes; byte += 64)
+            __builtin_prefetch(r + byte, 0, 2);
+    }
+}
+
+/* Q^T of rows [q0, q0 + rows): zero past `rows` and past d. Rows go 16 at a
+ * time so that each store fills whole cache lines of Q^T. */
 static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t tb,
                    int64_t q0, int64_t h, int rows, task_scratch *s)
 {
+    enum { G = 16 };
     const fmha_tensor *q = &pb->args->q;
+    const int64_t d = pb->d;
     if (ops->bf16dp) {
-        uint16_t *qt = s->qt;
+        uint32_t *qt = s->qt; /* [dp/2][BR] bf16 pairs as 32-bit words */
         memset(qt, 0, (size_t)L->dp * BR * 2);
-        for (int i = 0; i < rows; i++) {
-            const uint16_t *src = (const uint16_t *)row_ptr(q, tb, q0 + i, h);
-            for (int64_t c = 0; c < pb->d; c++)
-                qt[((c >> 1) * BR + i) * 2 + (c & 1)] = src[c];
+        for (int i0 = 0; i0 < rows; i0 += G) {
+            const int n = rows - i0 < G ? rows - i0 : G;
+            uint16_t *tmp = s->kbuf; /* idle until the first key block: [G][dp] */
+            for (int i = 0; i < n; i++) {
+                memcpy(tmp + i * L->dp, row_ptr(q, tb, q0 + i0 + i, h), (size_t)d * 2);
+                if (d < L->dp)
+                    tmp[i * L->dp + d] = 0;
+            }
+            for (int64_t cp = 0; cp < L->dp / 2; cp++)
+                for (int i = 0; i < n; i++)
+                    memcpy(&qt[cp * BR + i0 + i], tmp + i * L->dp + 2 * cp, 4);
         }
         return;
     }
     float *qt = s->qt;
-    memset(qt, 0, (size_t)pb->d * BR * 4);
-    for (int i = 0; i < rows; i++) {
-        const float *src = (const float *)row_ptr(q, tb, q0 + i, h);
-        if (q->dtype != FMHA_DTYPE_F32) { /* kbuf is idle until the first key block */
-            ops->to_f32(s->kbuf, src, q->dtype, pb->d);
-            src = s->kbuf;
-        }
-        for (int64_t c = 0; c < pb->d; c++)
-            qt[c * BR + i] = src[c];
+    memset(qt, 0, (size_t)d * BR * 4);
+    for (int i0 = 0; i0 < rows; i0 += G) {
+        const int n = rows - i0 < G ? rows - i0 : G;
+        float *tmp = s->kbuf; /* [G][dp] */
+        for (int i = 0; i < n; i++)
+            ops->to_f32(tmp + i * L->dp, row_ptr(q, tb, q0 + i0 + i, h), q->dtype, d);
+        for (int64_t c = 0; c < d; c++)
+            for (int i = 0; i < n; i++)
+                qt[c * BR + i0 + i] = tmp[i * L->dp + c];
     }
 }
 
@@ -154,22 +177,15 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
     fmha_visible_range(cfg, i0 + rows - 1, sq, sk, &lo_last, &hi_last);
 
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
-    const int64_t kes = (int64_t)fmha_dtype_size(a->k.dtype), ves = (int64_t)fmha_dtype_size(a->v.dtype);
+    const int64_t kes = (int64_t)fmha_dtype_size(a->k.dtype);
+    const int64_t ves = (int64_t)fmha_dtype_size(a->v.dtype);
     const int64_t vs = a->v.stride_seq;
 
     for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
         const int nj = (int)(hi_last - j0 < BC ? hi_last - j0 : BC);
 
-        /* The next block's rows head for the cache while this one computes;
-         * rows of a head sit a whole token apart, too far for the prefetcher. */
-        for (int64_t j = j0 + BC; j < j0 + 2 * BC && j < hi_last; j++) {
-            const char *kr = row_ptr(&a->k, tb, k0 + j, hk), *vr = row_ptr(&a->v, tb, k0 + j, hk);
-            for (int64_t byte = 0; byte < pb->d * kes; byte += 64)
-                __builtin_prefetch(kr + byte, 0, 2);
-            for (int64_t byte = 0; byte < pb->dv * ves; byte += 64)
-                __builtin_prefetch(vr + byte, 0, 2);
-        }
-
+        const int64_t next = hi_last - (j0 + BC) < BC ? hi_last - (j0 + BC) : BC;
+        prefetch_rows(&a->k, tb, k0 + j0 + BC, hk, pb->d * kes, next);
         /* Key rows are copied into a dense block: rows a token apart alias in
          * L1 and the copy costs less than the misses. */
         if (ops->bf16dp) {
@@ -216,6 +232,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
             }
         }
 
+        prefetch_rows(&a->v, tb, k0 + j0 + BC, hk, pb->dv * ves, next);
         if (ops->bf16dp) {
             ops->pack_p(s->st, nj, nq, s->p2);
             ops->pack_v((const uint16_t *)row_ptr(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,

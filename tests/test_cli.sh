@@ -43,6 +43,14 @@ expect 0 "check: skipped" -- "$FMHA" run --model flux-1024 --seqlen 64 --dropout
 expect 2 "unknown preset" -- "$FMHA" run --model no-such-model
 expect 0 "FMHA_STATUS_OK\|: ok" -- env FMHA_CPU_ISA=scalar "$FMHA" run --model flux-1024 --seqlen 40
 
+# ---- on a terminal, a long run shows a progress bar (stderr)
+if command -v script >/dev/null 2>&1; then
+    script -qec "$FMHA run --model flux-1024 --threads 2" /dev/null > "$T/tty.txt" 2>&1
+    grep -q "\[####.*100%" "$T/tty.txt" && ok || bad "no progress bar on a terminal: $(cat "$T/tty.txt")"
+fi
+"$FMHA" run --model flux-1024 --seqlen 2048 2> "$T/notty.txt" >/dev/null
+[ ! -s "$T/notty.txt" ] && ok || bad "progress output without a terminal: $(cat "$T/notty.txt")"
+
 # ---- a file written by run runs again, whole, against the reference
 expect 0 "all rows against the float64 reference.*: ok" -- "$FMHA" run "$T/flux.safetensors" --check -o "$T/again.safetensors"
 [ -f "$T/again.safetensors" ] && ok || bad "run FILE -o wrote no file"

@@ -14,7 +14,7 @@
  * core at head dim 128), and a 64-query slice of Q^T (32 KiB) with a 64-key
  * block stays in L1 while a register tile sweeps it. Short tasks compute only
  * their NQ-rounded queries. */
-enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 64 };
+enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 16 };
 
 int fmha_cpu_has_avx512_bf16(void);
 

@@ -104,26 +104,37 @@ dp(__m512 acc, __m512i a, __m512i b)
 /* st[j][i] = sum over pairs c of k[j][2c..2c+1] . qt[c][i][0..1] */
 __attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
 qk_bf16_tile(const uint16_t *k, int64_t ks, const uint16_t *qt, int64_t d, float *st, int j0,
-             int x0, const int mr)
+             int x0, const int mr, const int nv)
 {
     __m512 acc[6][4];
     for (int r = 0; r < mr; r++)
-        for (int x = 0; x < 4; x++)
+        for (int x = 0; x < nv; x++)
             acc[r][x] = _mm512_setzero_ps();
     const uint16_t *kr = k + (int64_t)j0 * ks;
     for (int64_t c = 0; c < d / 2; c++) {
         __m512i q[4];
-        for (int x = 0; x < 4; x++)
+        for (int x = 0; x < nv; x++)
             q[x] = _mm512_loadu_si512(qt + (c * BR + (x0 + x) * 16) * 2);
         for (int r = 0; r < mr; r++) {
             __m512i kb = bcast_pair(kr + r * ks + 2 * c);
-            for (int x = 0; x < 4; x++)
+            for (int x = 0; x < nv; x++)
                 acc[r][x] = dp(acc[r][x], kb, q[x]);
         }
     }
     for (int r = 0; r < mr; r++)
-        for (int x = 0; x < 4; x++)
+        for (int x = 0; x < nv; x++)
             _mm512_storeu_ps(st + (j0 + r) * BR + (x0 + x) * 16, acc[r][x]);
+}
+
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+qk_bf16_columns(const uint16_t *k, int64_t ks, int nj, const uint16_t *qt, int64_t d, float *st,
+                int x0, const int nv)
+{
+    int j = 0;
+    for (; j + 6 <= nj; j += 6)
+        qk_bf16_tile(k, ks, qt, d, st, j, x0, 6, nv);
+    for (; j < nj; j++)
+        qk_bf16_tile(k, ks, qt, d, st, j, x0, 1, nv);
 }
 
 __attribute__((target("avx512bf16"))) static void qk_bf16(const void *kv, int64_t ks, int nj,
@@ -131,13 +142,12 @@ __attribute__((target("avx512bf16"))) static void qk_bf16(const void *kv, int64_
                                                           float *st)
 {
     const uint16_t *k = kv, *qt = qtv;
-    for (int x0 = 0; x0 < nq / 16; x0 += 4) {
-        int j = 0;
-        for (; j + 6 <= nj; j += 6)
-            qk_bf16_tile(k, ks, qt, d, st, j, x0, 6);
-        for (; j < nj; j++)
-            qk_bf16_tile(k, ks, qt, d, st, j, x0, 1);
-    }
+    const int nvq = nq / 16;
+    int x0 = 0;
+    for (; x0 + 4 <= nvq; x0 += 4)
+        qk_bf16_columns(k, ks, nj, qt, d, st, x0, 4);
+    for (; x0 < nvq; x0++)
+        qk_bf16_columns(k, ks, nj, qt, d, st, x0, 1);
 }
 
 /* o[i][c] = alpha[i] o[i][c] + sum over pairs j of p2[j][i][0..1] . v2[j][c][0..1] */

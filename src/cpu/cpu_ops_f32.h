@@ -12,40 +12,50 @@
 
 enum { T_BR = FMHA_CPU_BR };
 
-/* A QK_MR x nv register tile of st: keys j0.., query vectors x0... */
+/* An mr x nv register tile of st: keys j0.., query vectors x0... */
 INLINE void qk_tile(const float *k, int64_t ks, const float *qt, int64_t d, float *st, int j0,
-                    int x0, const int mr)
+                    int x0, const int mr, const int nv)
 {
     V acc[QK_MR][QK_NV];
     for (int r = 0; r < mr; r++)
-        for (int x = 0; x < QK_NV; x++)
+        for (int x = 0; x < nv; x++)
             acc[r][x] = VZERO();
     const float *kr = k + (int64_t)j0 * ks;
     for (int64_t c = 0; c < d; c++) {
         V q[QK_NV];
-        for (int x = 0; x < QK_NV; x++)
+        for (int x = 0; x < nv; x++)
             q[x] = VLOAD(qt + c * T_BR + (x0 + x) * VL);
         for (int r = 0; r < mr; r++) {
             V kb = VSET1(kr[r * ks + c]);
-            for (int x = 0; x < QK_NV; x++)
+            for (int x = 0; x < nv; x++)
                 acc[r][x] = VFMA(kb, q[x], acc[r][x]);
         }
     }
     for (int r = 0; r < mr; r++)
-        for (int x = 0; x < QK_NV; x++)
+        for (int x = 0; x < nv; x++)
             VSTORE(st + (j0 + r) * T_BR + (x0 + x) * VL, acc[r][x]);
+}
+
+/* All keys against query vectors [x0, x0 + nv); nv is a compile-time count. */
+INLINE void qk_columns(const float *k, int64_t ks, int nj, const float *qt, int64_t d, float *st,
+                       int x0, const int nv)
+{
+    int j = 0;
+    for (; j + QK_MR <= nj; j += QK_MR)
+        qk_tile(k, ks, qt, d, st, j, x0, QK_MR, nv);
+    for (; j < nj; j++)
+        qk_tile(k, ks, qt, d, st, j, x0, 1, nv);
 }
 
 static void qk(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int64_t d, float *st)
 {
     const float *k = kv, *qt = qtv;
-    for (int x0 = 0; x0 < nq / VL; x0 += QK_NV) {
-        int j = 0;
-        for (; j + QK_MR <= nj; j += QK_MR)
-            qk_tile(k, ks, qt, d, st, j, x0, QK_MR);
-        for (; j < nj; j++)
-            qk_tile(k, ks, qt, d, st, j, x0, 1);
-    }
+    const int nvq = nq / VL;
+    int x0 = 0;
+    for (; x0 + QK_NV <= nvq; x0 += QK_NV)
+        qk_columns(k, ks, nj, qt, d, st, x0, QK_NV);
+    for (; x0 < nvq; x0++) /* short tasks: one query vector at a time */
+        qk_columns(k, ks, nj, qt, d, st, x0, 1);
 }
 
 /* An mr x nv register tile of o: queries i0.., value columns c0... */

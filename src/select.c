@@ -41,6 +41,7 @@ static fmha_status requested_isa(const fmha_config *cfg, fmha_cpu_isa *isa)
 
 fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
 {
+    fmha_clear_error();
     fmha_status st = fmha_validate_config(cfg);
     if (st != FMHA_STATUS_OK)
         return st;

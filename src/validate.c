@@ -196,8 +196,8 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
             return INVALID("packed tensors have batch 1 (got %lld): use fmha_tensor_packed for "
                            "[total_tokens, heads, head_dim]",
                            (long long)a->q.batch);
-        if (a->varlen_batch <= 0 || a->varlen_batch > INT32_MAX)
-            return INVALID("varlen_batch (%lld) must be positive (cu_seqlens hold "
+        if (a->varlen_batch <= 0 || a->varlen_batch >= INT32_MAX)
+            return INVALID("varlen_batch (%lld) must be in [1, 2^31 - 1) (cu_seqlens hold "
                            "varlen_batch + 1 entries)",
                            (long long)a->varlen_batch);
         if (a->q.seqlen > INT32_MAX || a->k.seqlen > INT32_MAX)
@@ -226,8 +226,10 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
         pb->max_sq = a->q.seqlen;
         pb->max_sk = a->k.seqlen;
     }
-    if (pb->batch * pb->heads > INT32_MAX)
-        return INVALID("batch x heads (%lld) exceeds 2^31", (long long)(pb->batch * pb->heads));
+    /* Dropout counters and task indices hold sequence x head in 32 bits. */
+    if (pb->batch > INT32_MAX / pb->heads)
+        return INVALID("batch x heads (%lld x %lld) exceeds 2^31", (long long)pb->batch,
+                       (long long)pb->heads);
 
     pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
     if (cfg->dropout_p > 0.0) {

@@ -19,7 +19,7 @@ test: all
 
 # The CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan-test: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DFMHA_SANITIZE=ON >/dev/null
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && FMHA_TEST_CASES=120 ctest --output-on-failure -L cpu -j $(JOBS)
 

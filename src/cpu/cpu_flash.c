@@ -33,11 +33,12 @@ typedef struct task_scratch {
     uint16_t *p2;  /* probabilities as bf16 pairs: [BC/2][BR][2] */
     float *o;      /* output accumulator: [BR][dvp] */
     float *m, *l, *alpha; /* [BR] each */
+    int64_t *lo, *hi;     /* [BR] each: the keys each query sees */
 } task_scratch;
 
 typedef struct layout {
     int64_t dp, dvp;    /* padded head dims */
-    size_t offs[9], per_thread;
+    size_t offs[11], per_thread;
 } layout;
 
 static size_t align64(size_t x)
@@ -50,13 +51,13 @@ static void plan_layout(const fmha_problem *pb, const fmha_cpu_ops *ops, layout 
     L->dp = round_up(pb->d, 2);
     L->dvp = round_up(pb->dv, ops->lanes);
     size_t elem = ops->bf16dp ? 2 : 4;
-    size_t sizes[9] = {
+    size_t sizes[11] = {
         (size_t)L->dp * BR * elem,  (size_t)BC * L->dp * elem, (size_t)BC * L->dvp * elem,
         (size_t)BC * BR * 4,        (size_t)BC * BR * 2,       (size_t)BR * L->dvp * 4,
-        BR * 4, BR * 4, BR * 4,
+        BR * 4, BR * 4, BR * 4, BR * 8, BR * 8,
     };
     size_t off = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 11; i++) {
         L->offs[i] = off;
         off += align64(sizes[i]);
     }
@@ -69,7 +70,8 @@ static task_scratch carve(void *base, const layout *L)
     task_scratch s = {b + L->offs[0], b + L->offs[1], b + L->offs[2],
                       (float *)(b + L->offs[3]), (uint16_t *)(b + L->offs[4]),
                       (float *)(b + L->offs[5]), (float *)(b + L->offs[6]),
-                      (float *)(b + L->offs[7]), (float *)(b + L->offs[8])};
+                      (float *)(b + L->offs[7]), (float *)(b + L->offs[8]),
+                      (int64_t *)(b + L->offs[9]), (int64_t *)(b + L->offs[10])};
     return s;
 }
 
@@ -161,7 +163,6 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
     const int64_t tb = pb->varlen ? 0 : b; /* tensor batch index */
     const int64_t i0 = t * BR;
     const int rows = (int)(sq - i0 < BR ? sq - i0 : BR);
-    const int nq = (int)round_up(rows, FMHA_CPU_NQ); /* live queries, padded to a register tile */
     const int64_t hk = h / pb->group;
 
     pack_q(pb, ops, L, tb, q0 + i0, h, rows, s);
@@ -171,10 +172,11 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         s->l[i] = 0.0f;
     }
 
-    /* Keys visible to any row of the task: intervals move right with i. */
-    int64_t lo_first, hi_first, lo_last, hi_last;
-    fmha_visible_range(cfg, i0, sq, sk, &lo_first, &hi_first);
-    fmha_visible_range(cfg, i0 + rows - 1, sq, sk, &lo_last, &hi_last);
+    /* Keys visible to each row; the intervals move right with i. */
+    for (int i = 0; i < rows; i++)
+        fmha_visible_range(cfg, i0 + i, sq, sk, &s->lo[i], &s->hi[i]);
+    const int64_t lo_first = s->lo[0], hi_first = s->hi[0];
+    const int64_t lo_last = s->lo[rows - 1], hi_last = s->hi[rows - 1];
 
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
     const int64_t kes = (int64_t)fmha_dtype_size(a->k.dtype);
@@ -183,6 +185,28 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
 
     for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
         const int nj = (int)(hi_last - j0 < BC ? hi_last - j0 : BC);
+        const int full = lo_last <= j0 && j0 + nj <= hi_first; /* every row sees every key */
+
+        /* The queries that see any key of this block form one range (the
+         * intervals move right with i); on a mask's edge the rest of the
+         * task skips the block, whole vectors at a time. */
+        int qa = 0, qb = rows;
+        if (!full) {
+            while (qa < rows && (s->hi[qa] <= j0 || s->lo[qa] >= s->hi[qa]))
+                qa++;
+            while (qb > qa && (s->lo[qb - 1] >= j0 + nj || s->lo[qb - 1] >= s->hi[qb - 1]))
+                qb--;
+        }
+        if (qa >= qb)
+            continue;
+        const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ; /* first live query, vector aligned */
+        const int nqb = (int)round_up(qb, FMHA_CPU_NQ) - qv;
+        float *st = s->st + qv;
+        const void *qt = ops->bf16dp ? (const void *)((const uint16_t *)s->qt + 2 * qv)
+                                     : (const void *)((const float *)s->qt + qv);
+        float *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
+        float *o = s->o + (int64_t)qv * L->dvp;
+        const int ia = qv, ib = qv + nqb < rows ? qv + nqb : rows; /* real rows in play */
 
         const int64_t next = hi_last - (j0 + BC) < BC ? hi_last - (j0 + BC) : BC;
         prefetch_rows(&a->k, tb, k0 + j0 + BC, hk, pb->d * kes, next);
@@ -200,28 +224,36 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
             for (int j = 0; j < nj; j++)
                 ops->to_f32(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), a->k.dtype, pb->d);
         }
-        ops->qk(s->kbuf, L->dp, nj, nq, s->qt, ops->bf16dp ? L->dp : pb->d, s->st);
+        ops->qk(s->kbuf, L->dp, nj, nqb, qt, ops->bf16dp ? L->dp : pb->d, st);
 
         if (cfg->softcap > 0)
-            ops->softcap(s->st, nj, nq, (float)pb->scale, (float)cfg->softcap);
+            ops->softcap(st, nj, nqb, (float)pb->scale, (float)cfg->softcap);
 
         /* Rows whose interval does not cover the whole block get -inf
          * outside it; most blocks of a masked problem need none. */
-        if (!(lo_last <= j0 && j0 + nj <= hi_first)) {
-            for (int i = 0; i < rows; i++) {
-                int64_t lo, hi;
-                fmha_visible_range(cfg, i0 + i, sq, sk, &lo, &hi);
-                for (int j = 0; j < nj; j++)
-                    if (j0 + j < lo || j0 + j >= hi)
-                        s->st[j * BR + i] = -INFINITY;
+        if (!full) {
+            /* Key j is seen by the rows [r1, r2): r1 the first with hi > j, r2
+             * the first with lo > j; both only move forward as j grows. */
+            int r1 = ia, r2 = ia;
+            for (int j = 0; j < nj; j++) {
+                float *row = s->st + j * BR;
+                while (r1 < ib && s->hi[r1] <= j0 + j)
+                    r1++;
+                while (r2 < ib && s->lo[r2] <= j0 + j)
+                    r2++;
+                const int v0 = r1 < r2 ? r1 : r2, v1 = r1 < r2 ? r2 : r1;
+                for (int i = ia; i < v0; i++)
+                    row[i] = -INFINITY;
+                for (int i = v1; i < ib; i++)
+                    row[i] = -INFINITY;
             }
         }
 
-        ops->softmax(s->st, nj, nq, scale, s->m, s->l, s->alpha);
+        ops->softmax(st, nj, nqb, scale, m, l, alpha);
 
         if (pb->drop_threshold) {
             const float keep_scale = (float)pb->drop_rescale;
-            for (int i = 0; i < rows; i++) {
+            for (int i = ia; i < ib; i++) {
                 for (int j = 0; j < nj; j++) {
                     int64_t col = j0 + j;
                     fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset, b * pb->heads + h,
@@ -234,10 +266,10 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
 
         prefetch_rows(&a->v, tb, k0 + j0 + BC, hk, pb->dv * ves, next);
         if (ops->bf16dp) {
-            ops->pack_p(s->st, nj, nq, s->p2);
+            ops->pack_p(st, nj, nqb, s->p2 + 2 * qv);
             ops->pack_v((const uint16_t *)row_ptr(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,
                         s->vbuf);
-            ops->pv(s->p2, nj, nq, s->vbuf, L->dvp, L->dvp, s->alpha, s->o);
+            ops->pv(s->p2 + 2 * qv, nj, nqb, s->vbuf, L->dvp, L->dvp, alpha, o);
         } else {
             float *vb = s->vbuf;
             for (int j = 0; j < nj; j++) {
@@ -246,7 +278,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
                 for (int64_t c = pb->dv; c < L->dvp; c++)
                     vb[j * L->dvp + c] = 0.0f;
             }
-            ops->pv(s->st, nj, nq, vb, L->dvp, L->dvp, s->alpha, s->o);
+            ops->pv(st, nj, nqb, vb, L->dvp, L->dvp, alpha, o);
         }
     }
 

@@ -221,6 +221,18 @@ fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
  * validation and semantics as fmha_forward; CPU memory only. */
 fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
+/* -------------------------------------------------------------------- CUDA */
+
+/* 1 if this build has the CUDA backend (nvcc was found at build time). */
+int fmha_cuda_backend_built(void);
+
+/* Number of CUDA devices usable by this build: 0 when it was built without
+ * the CUDA backend, or when no driver or GPU is present. */
+int fmha_cuda_device_count(void);
+
+/* One line about device `dev`, e.g. "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB". */
+fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len);
+
 /* ---------------------------------------------------------------- utilities */
 
 /* Element conversions (round to nearest even, NaN kept). */

@@ -3,6 +3,9 @@
  * Validation lives in validate.c, the kernel choice in select.c. */
 #include "internal.h"
 #include "cpu/cpu.h"
+#ifdef FMHA_HAVE_CUDA
+#include "cuda/cuda.h"
+#endif
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -214,6 +217,9 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
         return st;
     switch (layer->kernel.device) {
     case FMHA_DEVICE_CPU: return fmha_cpu_forward(&pb, &layer->kernel, &layer->ws);
+#ifdef FMHA_HAVE_CUDA
+    case FMHA_DEVICE_CUDA: return fmha_cuda_forward(&pb, &layer->kernel);
+#endif
     default: break;
     }
     return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s has no runner", layer->kernel.name);
@@ -229,6 +235,30 @@ fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)
     fmha_layer_free(layer);
     return st;
 }
+
+int fmha_cuda_backend_built(void)
+{
+#ifdef FMHA_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifndef FMHA_HAVE_CUDA
+int fmha_cuda_device_count(void)
+{
+    return 0;
+}
+
+fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
+{
+    if (len)
+        buf[0] = '\0';
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                          "CUDA device %d: this fmha was built without a CUDA backend", dev);
+}
+#endif
 
 int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
                       int64_t head, int64_t row, int64_t col, double p)

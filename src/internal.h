@@ -6,6 +6,7 @@
 #define FMHA_INTERNAL_H
 
 #include "fmha.h"
+#include "semantics.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -14,8 +15,10 @@
 /* Kernel ids, in the order of kernels.def. */
 enum {
 #define FMHA_CPU_KERNEL(name, isa, compute) FMHA_KERNEL_ID_##name,
+#define FMHA_CUDA_KERNEL(name, min_sm) FMHA_KERNEL_ID_##name,
 #include "kernels.def"
 #undef FMHA_CPU_KERNEL
+#undef FMHA_CUDA_KERNEL
     FMHA_KERNEL_COUNT
 };
 
@@ -64,22 +67,11 @@ static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q
     }
 }
 
-/* Keys visible to query row i form one interval [lo, hi) of [0, sk): causal
- * and windows are bottom-right aligned (flash-attn semantics). */
+/* Keys visible to query row i: one interval [lo, hi) (semantics.h). */
 static inline void fmha_visible_range(const fmha_config *cfg, int64_t i, int64_t sq, int64_t sk,
                                       int64_t *lo, int64_t *hi)
 {
-    int64_t diag = i + sk - sq;
-    int64_t l = 0, h = sk;
-    int64_t right = cfg->causal ? 0 : cfg->window_right; /* causal is right = 0 */
-    if (right >= 0 && diag + right + 1 < h)
-        h = diag + right + 1;
-    if (cfg->window_left >= 0 && diag - cfg->window_left > l)
-        l = diag - cfg->window_left;
-    if (h < l)
-        h = l;
-    *lo = l;
-    *hi = h;
+    fmha_mask_range(cfg->causal, cfg->window_left, cfg->window_right, i, sq, sk, lo, hi);
 }
 
 /* Pointer to element (b, s, h, 0) of a tensor; the offset is in elements. */
@@ -140,46 +132,6 @@ static inline void fmha_store_f32(void *row, fmha_dtype dtype, int64_t i, float 
     case FMHA_DTYPE_F16: ((uint16_t *)row)[i] = fmha_f32_to_f16_slow(x); break;
     default: break;
     }
-}
-
-/* ---------------------------------------------------------- Philox4x32-10 */
-
-typedef struct fmha_u32x4 {
-    uint32_t v[4];
-} fmha_u32x4;
-
-static inline fmha_u32x4 fmha_philox4x32_10(fmha_u32x4 ctr, uint32_t key0, uint32_t key1)
-{
-    for (int round = 0; round < 10; round++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * ctr.v[0];
-        uint64_t p1 = (uint64_t)0xCD9E8D57u * ctr.v[2];
-        fmha_u32x4 n;
-        n.v[0] = (uint32_t)(p1 >> 32) ^ ctr.v[1] ^ key0;
-        n.v[1] = (uint32_t)p1;
-        n.v[2] = (uint32_t)(p0 >> 32) ^ ctr.v[3] ^ key1;
-        n.v[3] = (uint32_t)p0;
-        ctr = n;
-        key0 += 0x9E3779B9u;
-        key1 += 0xBB67AE85u;
-    }
-    return ctr;
-}
-
-/* The four dropout words for columns [4*(col/4), 4*(col/4)+4) of one row. */
-static inline fmha_u32x4 fmha_dropout_words(uint64_t seed, uint64_t offset, int64_t seq_head,
-                                            int64_t row, int64_t col)
-{
-    fmha_u32x4 ctr = {{(uint32_t)(col >> 2), (uint32_t)row, (uint32_t)seq_head,
-                       (uint32_t)offset}};
-    return fmha_philox4x32_10(ctr, (uint32_t)seed,
-                              (uint32_t)(seed >> 32) ^ (uint32_t)(offset >> 32));
-}
-
-/* floor(p * 2^32) for p in [0, 1). */
-static inline uint32_t fmha_dropout_threshold(double p)
-{
-    double t = floor(p * 4294967296.0);
-    return t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
 }
 
 #endif /* FMHA_INTERNAL_H */

@@ -4,6 +4,7 @@
  * report what this build and machine offer. All printing happens here. */
 #define _POSIX_C_SOURCE 200809L
 #include "fmha.h"
+#include "devmem.h"
 #include "hfconfig.h"
 #include "peak.h"
 #include "presets.h"
@@ -219,18 +220,40 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+static char cli_error[256];
+
 static int fail_lib(const char *what, fmha_status st)
 {
-    fprintf(stderr, "fmha: %s: %s (%s)\n", what, fmha_last_error(), fmha_status_string(st));
+    const char *msg = cli_error[0] ? cli_error : fmha_last_error();
+    fprintf(stderr, "fmha: %s: %s (%s)\n", what, msg, fmha_status_string(st));
     return 1;
 }
 
 /* ---------------------------------------------------- forward with progress */
 
-/* Runs the whole forward; on a terminal, long padded runs go one KV head
- * group at a time (views, no copies) so that a progress bar can move. */
+/* A failure of the CLI's own (device copies), reported like a library one. */
+static fmha_status cli_set_error(const char *msg)
+{
+    snprintf(cli_error, sizeof cli_error, "%s", msg);
+    return FMHA_STATUS_BACKEND_ERROR;
+}
+
+/* Runs the whole forward on host buffers. On CUDA the buffers go to the
+ * device and the output comes back. On a terminal, long CPU runs go one KV
+ * head group at a time (views, no copies) so that a progress bar can move. */
 static fmha_status forward_with_progress(const fmha_config *cfg, const fmha_forward_args *a)
 {
+    if (cfg->device == FMHA_DEVICE_CUDA) {
+        dev_args d;
+        char err[256];
+        if (dev_args_upload(&d, a, cfg->device, err, sizeof err))
+            return cli_set_error(err);
+        fmha_status st = fmha_forward(cfg, &d.a);
+        if (st == FMHA_STATUS_OK && dev_args_download(&d, a, err, sizeof err))
+            st = cli_set_error(err);
+        dev_args_free(&d);
+        return st;
+    }
     double flops = a->cu_seqlens_q ? 0 : fmha_flops(cfg, a->q.batch, a->q.seqlen, a->k.seqlen);
     /* Dropout draws by (sequence, head): views would renumber both. */
     int chunked = isatty(STDERR_FILENO) && flops > 2e11 && cfg->dropout_p == 0.0;
@@ -720,25 +743,31 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, doub
     a.v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
     a.out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
 
-    if ((st = fmha_layer_forward(layer, &a)) != FMHA_STATUS_OK) { /* warm-up */
+    dev_args dev;
+    char err[256];
+    if (dev_args_upload(&dev, &a, o->device, err, sizeof err)) {
+        fprintf(stderr, "fmha: %s\n", err);
+        goto done;
+    }
+    double one;
+    if ((st = dev_time_forward(layer, &dev, &one)) != FMHA_STATUS_OK) { /* warm-up */
         rc = fail_lib("attention failed", st);
+        dev_args_free(&dev);
         goto done;
     }
     double times[200];
     int iters = o->iters;
     if (!iters) {
-        double t0 = now_s();
-        fmha_layer_forward(layer, &a);
-        double one = now_s() - t0;
-        iters = one > 0 ? (int)(2.0 / one) : 200; /* about two seconds */
+        dev_time_forward(layer, &dev, &one);
+        iters = one > 0 ? (int)(2000.0 / one) : 200; /* about two seconds */
         iters = iters < 5 ? 5 : iters > 200 ? 200 : iters;
     }
     iters = iters > 200 ? 200 : iters;
     for (int i = 0; i < iters; i++) {
-        double t0 = now_s();
-        fmha_layer_forward(layer, &a);
-        times[i] = now_s() - t0;
+        dev_time_forward(layer, &dev, &times[i]);
+        times[i] *= 1e-3;
     }
+    dev_args_free(&dev);
     qsort(times, (size_t)iters, sizeof times[0], cmp_double);
     double med = times[iters / 2];
     double flops = fmha_flops(&cfg, s->batch, s->sq, s->sk);
@@ -769,13 +798,18 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, doub
         cJSON_AddNumberToObject(j, "iters", iters);
         cJSON_AddNumberToObject(j, "ms", med * 1e3);
         cJSON_AddNumberToObject(j, "tflops", gflops * 1e-3);
-        cJSON_AddStringToObject(j, "peak", peak_name);
-        cJSON_AddNumberToObject(j, "peak_tflops", peak * 1e-3);
-        cJSON_AddNumberToObject(j, "peak_fraction", peak > 0 ? gflops / peak : 0);
+        if (o->device == FMHA_DEVICE_CPU) {
+            cJSON_AddStringToObject(j, "peak", peak_name);
+            cJSON_AddNumberToObject(j, "peak_tflops", peak * 1e-3);
+            cJSON_AddNumberToObject(j, "peak_fraction", peak > 0 ? gflops / peak : 0);
+        }
         char *txt = cJSON_PrintUnformatted(j);
         printf("%s\n", txt);
         free(txt);
         cJSON_Delete(j);
+    } else if (o->device == FMHA_DEVICE_CUDA) {
+        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, fmha_dtype_name(dt), kinfo->name,
+               med * 1e3, gflops * 1e-3);
     } else {
         printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)\n", shape,
                fmha_dtype_name(dt), kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0,
@@ -882,7 +916,11 @@ static int cmd_check(int argc, char **argv)
 static int cmd_info(void)
 {
     printf("fmha %s\n", FMHA_VERSION_STRING);
-    printf("backends: cpu (scalar, avx2, avx512, avx512-bf16); cuda: not built\n");
+    const int ngpu = fmha_cuda_device_count();
+    char desc[256];
+    const int cuda_built = fmha_cuda_backend_built();
+    printf("backends: cpu (scalar, avx2, avx512, avx512-bf16); cuda: %s\n",
+           cuda_built ? "built (sm_80 and later)" : "not built");
     fmha_cpu_isa isa = fmha_cpu_isa_detect();
     printf("cpu: best ISA %s, OpenMP threads %d\n", fmha_cpu_isa_name(isa), omp_get_max_threads());
     static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
@@ -896,7 +934,13 @@ static int cmd_info(void)
         else
             printf("  %-4s inputs: %s\n", fmha_dtype_name(dts[i]), fmha_last_error());
     }
-    printf("gpus: none (this build has no CUDA backend)\n");
+    if (!cuda_built)
+        printf("gpus: not looked for (this build has no CUDA backend)\n");
+    else if (ngpu == 0)
+        printf("gpus: none found\n");
+    for (int i = 0; i < ngpu; i++)
+        if (fmha_cuda_device_describe(i, desc, sizeof desc) == FMHA_STATUS_OK)
+            printf("gpu %d: %s\n", i, desc);
     return 0;
 }
 

@@ -67,7 +67,9 @@ typedef struct fmha_cpu_ops {
 } fmha_cpu_ops;
 
 #define FMHA_CPU_KERNEL(name, isa, compute) extern const fmha_cpu_ops fmha_ops_##name;
+#define FMHA_CUDA_KERNEL(name, min_sm)
 #include "../kernels.def"
 #undef FMHA_CPU_KERNEL
+#undef FMHA_CUDA_KERNEL
 
 #endif /* FMHA_CPU_H */

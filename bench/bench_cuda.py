@@ -1,0 +1,156 @@
+"""bench_cuda.py — fmha's CUDA forward against torch's SDPA backends (flash =
+FlashAttention-2, cuDNN) in the same process on the same inputs, for the model
+shapes of shared/models.md and the FlashAttention-3 grid. fmha is called
+through ctypes on build/libfmha.so; torch tensors are [B, H, S, D] contiguous
+and fmha reads the same memory as BHSD views. Prints a table of TFLOP/s,
+the ratio to each peer, and fmha's relative L2 error against torch flash.
+
+usage: python3 bench/bench_cuda.py [--lib build/libfmha.so] [--quick] [--out FILE.md]
+"""
+import argparse
+import ctypes as C
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+# (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
+SHAPES = [
+    ("wan14b_720p", 1, 75600, 75600, 40, 40, 128, False),
+    ("wan14b_480p", 1, 32760, 32760, 40, 40, 128, False),
+    ("flux_1024", 1, 4608, 4608, 24, 24, 128, False),
+    ("lumina2_gqa_d96", 1, 4096, 4096, 24, 8, 96, False),
+    ("llama_gqa_causal", 1, 8192, 8192, 32, 8, 128, True),
+    ("cross_attn_wan", 1, 32760, 512, 40, 40, 128, False),
+    ("fa3grid_d64", 1, 16384, 16384, 32, 32, 64, False),
+    ("fa3grid_d128", 1, 16384, 16384, 16, 16, 128, False),
+    ("fa3grid_d128_causal", 1, 16384, 16384, 16, 16, 128, True),
+    ("fa3grid_d256", 1, 16384, 16384, 8, 8, 256, False),
+]
+QUICK = {"flux_1024", "lumina2_gqa_d96", "llama_gqa_causal", "fa3grid_d128", "fa3grid_d256"}
+
+BF16, CUDA = 2, 1
+
+
+class Tensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("dtype", C.c_int), ("batch", C.c_int64),
+                ("seqlen", C.c_int64), ("heads", C.c_int64), ("head_dim", C.c_int64),
+                ("stride_batch", C.c_int64), ("stride_seq", C.c_int64),
+                ("stride_head", C.c_int64), ("stride_dim", C.c_int64)]
+
+
+class Config(C.Structure):
+    _fields_ = [("num_heads", C.c_int64), ("num_kv_heads", C.c_int64), ("head_dim", C.c_int64),
+                ("head_dim_v", C.c_int64), ("dtype", C.c_int), ("softmax_scale", C.c_double),
+                ("causal", C.c_int), ("window_left", C.c_int64), ("window_right", C.c_int64),
+                ("softcap", C.c_double), ("dropout_p", C.c_double), ("device", C.c_int),
+                ("cpu_isa", C.c_int), ("num_threads", C.c_int)]
+
+
+class Args(C.Structure):
+    _fields_ = [("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor),
+                ("lse", C.c_void_p), ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p),
+                ("varlen_batch", C.c_int64), ("max_seqlen_q", C.c_int64),
+                ("max_seqlen_k", C.c_int64), ("seed", C.c_uint64), ("offset", C.c_uint64),
+                ("stream", C.c_void_p)]
+
+
+def view(x):
+    """A [B, H, S, D] torch tensor as an fmha BSHD view (strides in elements)."""
+    b, h, s, d = x.shape
+    sb, sh, ss, sd = x.stride()
+    return Tensor(x.data_ptr(), BF16, b, s, h, d, sb, ss, sh, sd)
+
+
+def flops(b, sq, sk, h, d, causal):
+    pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq)) if causal else sq * sk
+    return 4.0 * b * h * d * pairs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfmha.so")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out")
+    opt = ap.parse_args()
+
+    lib = C.CDLL(opt.lib)
+    lib.fmha_layer_init.argtypes = [C.POINTER(C.c_void_p), C.POINTER(Config)]
+    lib.fmha_layer_forward.argtypes = [C.c_void_p, C.POINTER(Args)]
+    lib.fmha_layer_free.argtypes = [C.c_void_p]
+    lib.fmha_last_error.restype = C.c_char_p
+    lib.fmha_config_init.argtypes = [C.POINTER(Config), C.c_int64, C.c_int64, C.c_int64]
+
+    dev = torch.cuda.get_device_name()
+    print(f"# {time.strftime('%Y-%m-%d')} {dev}, torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}")
+    rows = []
+    for name, b, sq, sk, h, hkv, d, causal in SHAPES:
+        if opt.quick and name not in QUICK:
+            continue
+        torch.manual_seed(0)
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+
+        cfg = Config()
+        lib.fmha_config_init(C.byref(cfg), h, hkv, d)
+        cfg.dtype, cfg.causal, cfg.device = BF16, int(causal), CUDA
+        layer = C.c_void_p()
+        if lib.fmha_layer_init(C.byref(layer), C.byref(cfg)) != 0:
+            sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
+        args = Args()
+        args.q, args.k, args.v, args.out = view(q), view(k), view(v), view(out)
+        args.stream = torch.cuda.current_stream().cuda_stream
+
+        def run_fmha():
+            st = lib.fmha_layer_forward(layer, C.byref(args))
+            if st != 0:
+                raise RuntimeError(lib.fmha_last_error().decode())
+
+        def sdpa(backend):
+            def fn():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                          enable_gqa=hkv != h)
+            return fn
+
+        run_fmha()
+        torch.cuda.synchronize()
+        ref = sdpa(SDPBackend.FLASH_ATTENTION)()
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        fl = flops(b, sq, sk, h, d, causal)
+        t = {}
+        for label, fn in (("fmha", run_fmha), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+                          ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))):
+            try:
+                t[label] = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            except Exception as e:  # a backend that refuses a shape
+                t[label] = math.nan
+                print(f"{name}: {label}: {str(e).splitlines()[0]}")
+        lib.fmha_layer_free(layer)
+        tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
+        rows.append((name, tf["fmha"], tf["flash"], tf["cudnn"], err))
+        print(f"{name:22s} fmha {tf['fmha']:6.1f}  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
+              f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
+              f"  relL2 {err:.1e}", flush=True)
+        del q, k, v, out, ref
+
+    table = ["| shape | fmha TFLOP/s | torch flash (FA2) | torch cuDNN | fmha / flash | fmha / cuDNN "
+             "| rel. L2 vs flash |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, a, fl2, cu, err in rows:
+        table.append(f"| {name} | {a:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} | {a / cu:.2f} "
+                     f"| {err:.1e} |")
+    print("\n".join(table))
+    if opt.out:
+        with open(opt.out, "w") as f:
+            f.write("\n".join(table) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
+# the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
+# the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
+# usage: bench/gpu_run.sh [test] [sanitize] [bench|bench-quick] [cli]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+# cJSON for the CLI: the GPU image lacks it, so the Debian packages travel in .deps/.
+if [ -d .deps ] && [ ! -f /usr/include/cjson/cJSON.h ]; then
+    for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+    export CMAKE_PREFIX_PATH=/tmp/deps/usr LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+grep -E "spill|stack" "$OUT/build.log" | sort | uniq -c | head
+summary=()
+for step in "$@"; do
+    case $step in
+    test)
+        FMHA_TEST_CASES=${CASES:-300} timeout 400 build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
+        summary+=("test_cuda rc=$? $(tail -1 "$OUT/test_cuda.log")")
+        grep FAIL "$OUT/test_cuda.log" | head -20 ;;
+    sanitize)
+        FMHA_TEST_CASES=6 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda > "$OUT/memcheck.log" 2>&1
+        summary+=("memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
+        FMHA_TEST_CASES=3 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 build-gpu/test_cuda > "$OUT/racecheck.log" 2>&1
+        summary+=("racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)") ;;
+    cli)
+        { build-gpu/fmha info && build-gpu/fmha run --model flux-1024 --device cuda \
+          && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \
+          && build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16; } > "$OUT/cli.log" 2>&1
+        summary+=("cli rc=$?"); tail -8 "$OUT/cli.log" ;;
+    bench|bench-quick)
+        q=""; [ "$step" = bench-quick ] && q=--quick
+        python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1
+        summary+=("bench rc=$?"); cat "$OUT/bench.log" | grep -v "^|" ;;
+    esac
+done
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,549 @@
+/* cuda_flash.cu — the portable CUDA forward (sm_80 and later): a
+ * FlashAttention-2-style kernel. A block owns BM queries of one (sequence,
+ * head); each warp owns 16 of them. K/V tiles of BN keys stream through a
+ * two-stage cp.async ring in shared memory; S = Q K^T and O += P V run on
+ * mma.sync m16n8k16 (bf16/f16 in, f32 accumulate) with operands fetched by
+ * ldmatrix, and the online softmax stays in registers: S's accumulator
+ * fragment is P's operand fragment, so P never touches shared memory. */
+#include "cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The head dims with a compiled kernel; any other head dim up to 256 runs
+ * zero-padded in the next one up. */
+#define FMHA_CUDA_HEAD_DIMS(X) X(64) X(96) X(128) X(192) X(256)
+
+namespace {
+
+/* Tile shape per head dim. BM = 16 x warps. Shared memory is
+ * (BM + 4 BN) x (D + 8) x 2 bytes: 104 KiB at D = 128, so two blocks fit on
+ * an SM; D >= 192 takes 64 queries so that O (D/2 f32 registers per thread)
+ * and S still fit in 255 registers. */
+template <int D> struct tile {
+    static constexpr int BM = D <= 128 ? 128 : 64;
+    static constexpr int BN = 64;
+    static constexpr int WARPS = BM / 16;
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int DS = D + 8; /* row stride: +16 bytes keeps ldmatrix free of bank conflicts */
+    static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * DS * 2;
+};
+
+struct flash_params {
+    const void *q, *k, *v;
+    void *o;
+    float *lse;
+    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
+    const int32_t *cu_q, *cu_k;
+    int varlen;
+    int heads, group;
+    int64_t sq, sk, total_q;
+    int d, dv;
+    float scale_log2; /* multiplies raw scores into the log2 domain */
+    float softcap_in, softcap_out; /* softcap: tanh(s * in) * out; 0 = off */
+    int causal;
+    int64_t window_left, window_right;
+    uint32_t drop_threshold;
+    float drop_scale;
+    uint64_t seed, offset;
+    int out_dtype;
+    int aligned; /* rows start 16-byte aligned and d, dv are multiples of 8 */
+};
+
+template <bool BF16> struct elem;
+template <> struct elem<true> { typedef __nv_bfloat16 T; };
+template <> struct elem<false> { typedef __half T; };
+
+__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a b for one m16n8k16 tile. */
+template <bool BF16>
+__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool BF16> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    uint32_t r;
+    if (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    }
+    return r;
+}
+
+__device__ __forceinline__ float exp2_approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float tanh_approx(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Copies rows [0, rows) x columns [0, cols) of a strided global tile into a
+ * [R][DS] shared tile, zero elsewhere. Aligned tiles go as 16-byte cp.async
+ * chunks; others element by element (correct, slower). */
+template <int D, int R, int THREADS, typename T>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, int rows, int cols,
+                                          int aligned)
+{
+    constexpr int DS = D + 8, CH = D / 8;
+    if (aligned) {
+        for (int c = threadIdx.x; c < R * CH; c += THREADS) {
+            const int r = c / CH, ch = c % CH;
+            const bool ok = r < rows && ch * 8 < cols;
+            cp_async16(smem_u32(s + r * DS + ch * 8), ok ? (const void *)(g + r * row_stride + ch * 8) : (const void *)g,
+                       ok ? 16 : 0);
+        }
+    } else {
+        for (int e = threadIdx.x; e < R * D; e += THREADS) {
+            const int r = e / D, c = e % D;
+            s[r * DS + c] = r < rows && c < cols ? g[r * row_stride + c] : T(0.0f);
+        }
+    }
+}
+
+template <int D, bool BF16>
+__global__ void __launch_bounds__(tile<D>::THREADS, 1) flash_fwd(const flash_params p)
+{
+    typedef typename elem<BF16>::T T;
+    constexpr int BM = tile<D>::BM, BN = tile<D>::BN, THREADS = tile<D>::THREADS;
+    constexpr int DS = tile<D>::DS;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sQ = (T *)smem;        /* [BM][DS] */
+    T *sK = sQ + BM * DS;     /* [2][BN][DS] */
+    T *sV = sK + 2 * BN * DS; /* [2][BN][DS] */
+
+    /* Blocks of late queries see the most keys under a causal mask: start them first. */
+    const int64_t m0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
+    const int h = blockIdx.y, b = blockIdx.z;
+    int64_t q0 = 0, sq = p.sq, k0 = 0, sk = p.sk, tb = b;
+    if (p.varlen) {
+        q0 = p.cu_q[b];
+        sq = p.cu_q[b + 1] - q0;
+        k0 = p.cu_k[b];
+        sk = p.cu_k[b + 1] - k0;
+        tb = 0;
+    }
+    if (m0 >= sq)
+        return;
+    const int rows = (int)min64(BM, sq - m0);
+    const int hk = h / p.group;
+    const T *gq = (const T *)p.q + tb * p.q_sb + (q0 + m0) * p.q_ss + h * p.q_sh;
+    const T *gk = (const T *)p.k + tb * p.k_sb + k0 * p.k_ss + hk * p.k_sh;
+    const T *gv = (const T *)p.v + tb * p.v_sb + k0 * p.v_ss + hk * p.v_sh;
+
+    /* Keys any row of the block sees: the intervals move right with the row. */
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    fmha_mask_range(p.causal, p.window_left, p.window_right, m0, sq, sk, &lo_first, &hi_first);
+    fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + rows - 1, sq, sk, &lo_last,
+                    &hi_last);
+    const int64_t kv_begin = lo_first, kv_end = hi_last;
+    const int ntiles = kv_end > kv_begin ? (int)((kv_end - kv_begin + BN - 1) / BN) : 0;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    /* This thread's two rows of each fragment: r and r + 8 of the warp's 16. */
+    int64_t row_lo[2], row_hi[2];
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+        const int r = warp * 16 + lane / 4 + rh * 8;
+        if (r < rows)
+            fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + r, sq, sk, &row_lo[rh],
+                            &row_hi[rh]);
+        else
+            row_lo[rh] = row_hi[rh] = 0;
+    }
+
+    load_tile<D, BM, THREADS>(sQ, gq, p.q_ss, rows, p.d, p.aligned);
+    if (ntiles > 0) {
+        const int n = (int)min64(BN, kv_end - kv_begin);
+        load_tile<D, BN, THREADS>(sK, gk + kv_begin * p.k_ss, p.k_ss, n, p.d, p.aligned);
+        load_tile<D, BN, THREADS>(sV, gv + kv_begin * p.v_ss, p.v_ss, n, p.dv, p.aligned);
+    }
+    cp_async_commit();
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+
+    for (int t = 0; t < ntiles; t++) {
+        const int64_t n0 = kv_begin + (int64_t)t * BN;
+        const int nvalid = (int)min64(BN, kv_end - n0);
+        if (t + 1 < ntiles) { /* the next tile streams in while this one computes */
+            const int64_t n1 = n0 + BN;
+            const int n = (int)min64(BN, kv_end - n1);
+            load_tile<D, BN, THREADS>(sK + ((t + 1) & 1) * BN * DS, gk + n1 * p.k_ss, p.k_ss, n,
+                                      p.d, p.aligned);
+            load_tile<D, BN, THREADS>(sV + ((t + 1) & 1) * BN * DS, gv + n1 * p.v_ss, p.v_ss, n,
+                                      p.dv, p.aligned);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const T *cK = sK + (t & 1) * BN * DS, *cV = sV + (t & 1) * BN * DS;
+
+        /* S = Q K^T for the warp's 16 rows x BN keys. */
+        float s[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_u32(sQ + (warp * 16 + lane % 16) * DS + kk * 16 + (lane / 16) * 8));
+#pragma unroll
+            for (int np = 0; np < BN / 16; np++) {
+                uint32_t bk[4];
+                ldmatrix_x4(bk, smem_u32(cK + (np * 16 + lane % 8 + (lane / 16) * 8) * DS + kk * 16 +
+                                         ((lane / 8) % 2) * 8));
+                mma<BF16>(s[2 * np], a, bk[0], bk[1]);
+                mma<BF16>(s[2 * np + 1], a, bk[2], bk[3]);
+            }
+        }
+
+        if (p.softcap_out != 0.0f) {
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[i][e] = tanh_approx(s[i][e] * p.softcap_in) * p.softcap_out;
+        }
+
+        /* Mask keys a row does not see (and the zero rows past the tile). */
+        const bool full = nvalid == BN && lo_last <= n0 && n0 + BN <= hi_first;
+        if (!full) {
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t col = n0 + i * 8 + (lane % 4) * 2 + (e & 1);
+                    const int rh = e >> 1;
+                    if (col < row_lo[rh] || col >= row_hi[rh])
+                        s[i][e] = -INFINITY;
+                }
+        }
+
+        /* Online softmax, per row: the four threads of a quad share a row. */
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++) {
+            float mx = m_row[rh];
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+                mx = fmaxf(mx, fmaxf(s[i][2 * rh], s[i][2 * rh + 1]) * p.scale_log2);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms 0 */
+            const float alpha = exp2_approx(m_row[rh] - base);
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 2 * rh; e < 2 * rh + 2; e++) {
+                    s[i][e] = exp2_approx(fmaf(s[i][e], p.scale_log2, -base));
+                    sum += s[i][e];
+                }
+            l_row[rh] = l_row[rh] * alpha + sum; /* per-thread part; the quad adds up at the end */
+            m_row[rh] = mx;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) {
+                o[i][2 * rh] *= alpha;
+                o[i][2 * rh + 1] *= alpha;
+            }
+        }
+
+        if (p.drop_threshold) { /* after the sum: the normaliser counts dropped terms */
+            const int64_t seq_head = (int64_t)b * p.heads + h;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++) {
+                    const int64_t row = m0 + warp * 16 + lane / 4 + rh * 8;
+                    const int64_t col = n0 + i * 8 + (lane % 4) * 2; /* even: one draw serves both */
+                    const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, seq_head, row, col);
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float &x = s[i][2 * rh + e];
+                        x = w.v[(col + e) & 3] >= p.drop_threshold ? x * p.drop_scale : 0.0f;
+                    }
+                }
+        }
+
+        /* O += P V: S's accumulator layout is P's A-operand layout. */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4] = {pack2<BF16>(s[2 * kk][0], s[2 * kk][1]),
+                             pack2<BF16>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t bv[4];
+                ldmatrix_x4_trans(bv, smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
+                                               dp * 16 + (lane / 16) * 8));
+                mma<BF16>(o[2 * dp], a, bv[0], bv[1]);
+                mma<BF16>(o[2 * dp + 1], a, bv[2], bv[3]);
+            }
+        }
+        __syncthreads(); /* the next iteration's prefetch overwrites this stage */
+    }
+
+    /* Normalise and store; rows that saw no key are 0 with LSE -inf. */
+#pragma unroll
+    for (int rh = 0; rh < 2; rh++) {
+        float l = l_row[rh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = warp * 16 + lane / 4 + rh * 8;
+        if (r >= rows)
+            continue;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        char *orow = (char *)p.o + ((tb * p.o_sb + (q0 + m0 + r) * p.o_ss + h * p.o_sh) *
+                                    (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2));
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int c = i * 8 + (lane % 4) * 2 + e;
+                if (c >= p.dv)
+                    continue;
+                const float x = o[i][2 * rh + e] * inv;
+                if (p.out_dtype == FMHA_DTYPE_F32)
+                    ((float *)orow)[c] = x;
+                else if (p.out_dtype == FMHA_DTYPE_BF16)
+                    ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
+                else
+                    ((__half *)orow)[c] = __float2half_rn(x);
+            }
+        if (p.lse && lane % 4 == 0) {
+            const int64_t idx = p.varlen ? (int64_t)h * p.total_q + q0 + m0 + r
+                                         : ((int64_t)b * p.heads + h) * sq + m0 + r;
+            p.lse[idx] = l > 0.0f ? (m_row[rh] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+        }
+    }
+}
+
+template <int D, bool BF16> cudaError_t launch(const flash_params &p, int64_t max_sq, int batch,
+                                              cudaStream_t stream)
+{
+    const size_t smem = tile<D>::SMEM;
+    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, BF16>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
+        return err;
+    dim3 grid((unsigned)((max_sq + tile<D>::BM - 1) / tile<D>::BM), (unsigned)p.heads,
+              (unsigned)batch);
+    flash_fwd<D, BF16><<<grid, tile<D>::THREADS, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+fmha_status cuda_error(cudaError_t err, const char *what)
+{
+    return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "CUDA error in %s: %s (%s)", what,
+                          cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+/* Device memory or managed memory; anything the runtime calls host is refused. */
+fmha_status check_device_pointer(const void *ptr, const char *name)
+{
+    cudaPointerAttributes attr;
+    cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_error(err, "cudaPointerGetAttributes");
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "%s is host memory, but the layer runs on CUDA: pass device memory "
+                              "(cudaMalloc) or build the layer with device cpu",
+                              name);
+    return FMHA_STATUS_OK;
+}
+
+bool chunk_aligned(const fmha_tensor &t)
+{
+    return ((uintptr_t)t.data % 16) == 0 && t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 &&
+           t.stride_head % 8 == 0 && t.head_dim % 8 == 0;
+}
+
+} // namespace
+
+extern "C" int fmha_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
+{
+    cudaDeviceProp prop;
+    cudaError_t err = cudaGetDeviceProperties(&prop, dev);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "CUDA device %d: %s", dev,
+                              cudaGetErrorString(err));
+    }
+    snprintf(buf, len, "%s, sm_%d%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    return FMHA_STATUS_OK;
+}
+
+extern "C" fmha_status fmha_cuda_check_device(void)
+{
+    if (fmha_cuda_device_count() == 0)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "no CUDA device found (driver missing or no GPU): use device cpu");
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major < 8)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "CUDA device %d has compute capability %d.%d; fmha's CUDA kernels "
+                              "need 8.0 (Ampere) or later",
+                              dev, major, minor);
+    return FMHA_STATUS_OK;
+}
+
+extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel)
+{
+    (void)kernel;
+    const fmha_forward_args *a = pb->args;
+    const fmha_config *cfg = pb->cfg;
+    const struct {
+        const void *ptr;
+        const char *name;
+    } ptrs[] = {{a->q.data, "q"},          {a->k.data, "k"},           {a->v.data, "v"},
+                {a->out.data, "out"},      {a->lse, "lse"},            {a->cu_seqlens_q, "cu_seqlens_q"},
+                {a->cu_seqlens_k, "cu_seqlens_k"}};
+    for (const auto &p : ptrs) {
+        if (!p.ptr)
+            continue;
+        fmha_status st = check_device_pointer(p.ptr, p.name);
+        if (st != FMHA_STATUS_OK)
+            return st;
+    }
+
+    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
+    flash_params p;
+    memset(&p, 0, sizeof p);
+    p.q = a->q.data;
+    p.k = a->k.data;
+    p.v = a->v.data;
+    p.o = a->out.data;
+    p.lse = a->lse;
+    p.q_sb = a->q.stride_batch, p.q_ss = a->q.stride_seq, p.q_sh = a->q.stride_head;
+    p.k_sb = a->k.stride_batch, p.k_ss = a->k.stride_seq, p.k_sh = a->k.stride_head;
+    p.v_sb = a->v.stride_batch, p.v_ss = a->v.stride_seq, p.v_sh = a->v.stride_head;
+    p.o_sb = a->out.stride_batch, p.o_ss = a->out.stride_seq, p.o_sh = a->out.stride_head;
+    p.cu_q = a->cu_seqlens_q;
+    p.cu_k = a->cu_seqlens_k;
+    p.varlen = pb->varlen;
+    p.heads = (int)pb->heads;
+    p.group = (int)pb->group;
+    p.sq = a->q.seqlen;
+    p.sk = a->k.seqlen;
+    p.total_q = a->q.seqlen;
+    p.d = (int)pb->d;
+    p.dv = (int)pb->dv;
+    const double log2e = 1.4426950408889634;
+    if (cfg->softcap > 0) {
+        p.softcap_in = (float)(pb->scale / cfg->softcap);
+        p.softcap_out = (float)(cfg->softcap * log2e);
+        p.scale_log2 = 1.0f;
+    } else {
+        p.scale_log2 = (float)(pb->scale * log2e);
+    }
+    p.causal = cfg->causal;
+    p.window_left = cfg->window_left;
+    p.window_right = cfg->window_right;
+    p.drop_threshold = pb->drop_threshold;
+    p.drop_scale = (float)pb->drop_rescale;
+    p.seed = a->seed;
+    p.offset = a->offset;
+    p.out_dtype = a->out.dtype;
+    p.aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
+
+    cudaStream_t stream = (cudaStream_t)a->stream;
+    const bool bf16 = cfg->dtype == FMHA_DTYPE_BF16;
+    const int batch = (int)pb->batch;
+    cudaError_t err = cudaErrorInvalidValue;
+#define FMHA_LAUNCH(D)                                                                            \
+    else if (dmax <= D) err = bf16 ? launch<D, true>(p, pb->max_sq, batch, stream)                \
+                                   : launch<D, false>(p, pb->max_sq, batch, stream);
+    if (0) {
+    }
+    FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
+    else return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                               "head dim %lld is above 256, the largest CUDA kernel",
+                               (long long)dmax);
+#undef FMHA_LAUNCH
+    if (err != cudaSuccess)
+        return cuda_error(err, "the attention kernel launch");
+    return FMHA_STATUS_OK;
+}

@@ -1,0 +1,226 @@
+/* cases.c — the shared forward case list (see cases.h). */
+#include "cases.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int64_t seqlens[] = {1, 7, 113, 239, 64, 65, 128, 200};
+static const int64_t head_dims[] = {32, 64, 80, 96, 128, 160, 192, 256, 40, 72, 33};
+
+static void describe(const tcase *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s layouts=%d%d%d "
+             "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d",
+             c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
+             (long long)c->batch, (long long)c->sq, (long long)c->sk,
+             (long long)c->heads, (long long)c->kv, (long long)c->d, (long long)c->dv,
+             fmha_dtype_name(c->dt), fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal,
+             (long long)c->wl, (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse);
+}
+
+/* Max |x - ref| over the output view, with -inf LSE handled. */
+static double out_err(const tu_tensor *x, const tu_tensor *ref, int *bad)
+{
+    double e = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
+                    if (!isfinite(a))
+                        *bad = 1;
+                    if (fabs(a - r) > e)
+                        e = fabs(a - r);
+                }
+    return e;
+}
+
+static double lse_err(const float *x, const float *ref, int64_t n, int *bad)
+{
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isinf(ref[i]) && ref[i] < 0) {
+            if (!(isinf(x[i]) && x[i] < 0))
+                *bad = 1;
+            continue;
+        }
+        if (!isfinite(x[i]))
+            *bad = 1;
+        if (fabs((double)x[i] - ref[i]) > e)
+            e = fabs((double)x[i] - ref[i]);
+    }
+    return e;
+}
+
+int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
+{
+    char desc[512];
+    describe(c, desc, sizeof desc);
+
+    fmha_config cfg;
+    fmha_config_init(&cfg, c->heads, c->kv, c->d);
+    cfg.head_dim_v = c->dv;
+    cfg.dtype = c->dt;
+    cfg.causal = c->causal;
+    cfg.window_left = c->wl;
+    cfg.window_right = c->wr;
+    cfg.softcap = c->softcap;
+    cfg.dropout_p = c->dropout;
+    cfg.softmax_scale = c->scale;
+    cfg.cpu_isa = c->isa;
+    cfg.num_threads = c->threads;
+    cfg.device = c->device;
+
+    /* Varlen: random per-sequence lengths around sq / sk, zeros included. */
+    int32_t *cuq = NULL, *cuk = NULL;
+    int64_t tb = c->batch, tq = c->sq, tk = c->sk;
+    if (c->varlen) {
+        cuq = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+        cuk = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+        cuq[0] = cuk[0] = 0;
+        for (int64_t b = 0; b < c->batch; b++) {
+            cuq[b + 1] = cuq[b] + (int32_t)tu_range(rng, c->sq + 1);
+            cuk[b + 1] = cuk[b] + (int32_t)tu_range(rng, c->sk + 1);
+        }
+        tb = 1;
+        tq = cuq[c->batch] > 0 ? cuq[c->batch] : 1; /* tensors need one token at least */
+        tk = cuk[c->batch] > 0 ? cuk[c->batch] : 1;
+    }
+
+    tu_tensor q, k, v, out, ref, naive;
+    tu_tensor_init(&q, c->dt, tb, tq, c->heads, c->d, c->lq, 0xA5);
+    tu_tensor_init(&k, c->dt, tb, tk, c->kv, c->d, c->lkv, 0xA5);
+    tu_tensor_init(&v, c->dt, tb, tk, c->kv, c->dv, c->lkv, 0xA5);
+    tu_tensor_init(&out, c->odt, tb, tq, c->heads, c->dv, c->lo, 0xFF); /* NaN poison */
+    tu_tensor_init(&ref, FMHA_DTYPE_F32, tb, tq, c->heads, c->dv, 0, 0xFF);
+    tu_tensor_init(&naive, c->odt, tb, tq, c->heads, c->dv, 0, 0xFF);
+    tu_fill_normal(&q, rng, 1.0);
+    tu_fill_normal(&k, rng, 1.0);
+    tu_fill_normal(&v, rng, 1.0);
+
+    int64_t nl = c->heads * tq * tb;
+    float *lse = malloc(sizeof(float) * (size_t)nl), *lse_ref = malloc(sizeof(float) * (size_t)nl);
+    float *lse_naive = malloc(sizeof(float) * (size_t)nl);
+    memset(lse, 0xFF, sizeof(float) * (size_t)nl);
+
+    fmha_forward_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q.t;
+    a.k = k.t;
+    a.v = v.t;
+    a.out = out.t;
+    a.lse = c->lse ? lse : NULL;
+    a.cu_seqlens_q = cuq;
+    a.cu_seqlens_k = cuk;
+    a.varlen_batch = c->varlen ? c->batch : 0;
+    a.seed = tu_next(rng);
+    a.offset = tu_next(rng);
+
+    int ok = 1;
+    fmha_status st = run(&cfg, &a);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: forward failed: %s", desc, fmha_last_error());
+    if (st != FMHA_STATUS_OK)
+        ok = 0;
+
+    fmha_forward_args ar = a;
+    ar.out = ref.t;
+    ar.lse = lse_ref;
+    st = fmha_reference_forward(&cfg, &ar);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: reference failed: %s", desc, fmha_last_error());
+    fmha_forward_args an = a;
+    an.out = naive.t;
+    an.lse = lse_naive;
+    tu_naive_forward(&cfg, &an);
+
+    if (ok) {
+        int bad = 0, nbad = 0;
+        double e = out_err(&out, &ref, &bad), en = out_err(&naive, &ref, &nbad);
+        /* With packed tensors of zero total tokens the placeholder token is not
+         * part of any sequence: it must stay poisoned. */
+        int empty = c->varlen && (cuq[c->batch] == 0);
+        if (empty) {
+            bad = 0;
+            e = en = 0;
+        }
+        double tol = 4.0 * en + 1e-6;
+        TU_CHECK(!bad && e <= tol, "%s: out error %.3g > tol %.3g (naive %.3g)%s", desc, e, tol,
+                 en, bad ? " non-finite output" : "");
+        TU_CHECK(tu_gaps_untouched(&out, 0xFF), "%s: wrote outside the output view", desc);
+        if (c->lse && !empty) {
+            int lbad = 0, lnbad = 0;
+            double le = lse_err(lse, lse_ref, c->varlen ? c->heads * tq : nl, &lbad);
+            double len = lse_err(lse_naive, lse_ref, c->varlen ? c->heads * tq : nl, &lnbad);
+            TU_CHECK(!lbad && le <= 4.0 * len + 1e-5, "%s: lse error %.3g (naive %.3g)%s", desc,
+                     le, len, lbad ? " bad -inf/non-finite" : "");
+        }
+    }
+
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
+    tu_tensor_free(&out);
+    tu_tensor_free(&ref);
+    tu_tensor_free(&naive);
+    free(lse);
+    free(lse_ref);
+    free(lse_naive);
+    free(cuq);
+    free(cuk);
+    return ok;
+}
+
+tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
+{
+    tcase c;
+    memset(&c, 0, sizeof c);
+    c.device = space->device;
+    c.isa = space->nisa ? space->isas[index % space->nisa] : FMHA_CPU_ISA_AUTO;
+    c.batch = 1 + tu_range(r, 2);
+    c.sq = seqlens[tu_range(r, 8)];
+    c.sk = tu_range(r, 3) == 0 ? c.sq : seqlens[tu_range(r, 8)];
+    static const int groups[] = {1, 1, 2, 3, 4, 8};
+    c.kv = 1 + tu_range(r, 2);
+    c.heads = c.kv * groups[tu_range(r, 6)];
+    if (tu_range(r, 8) == 0) { /* MQA */
+        c.kv = 1;
+        c.heads = 1 + tu_range(r, 6);
+    }
+    c.d = head_dims[tu_range(r, 11)];
+    c.dv = tu_range(r, 6) == 0 ? head_dims[tu_range(r, 11)] : c.d;
+    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16, FMHA_DTYPE_BF16};
+    c.dt = dts[tu_range(r, 4)];
+    if (c.device == FMHA_DEVICE_CUDA && c.dt == FMHA_DTYPE_F32) /* CUDA takes 16-bit inputs */
+        c.dt = tu_range(r, 2) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
+    static const fmha_dtype odts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
+    c.odt = tu_range(r, 3) == 0 ? odts[tu_range(r, 3)] : c.dt;
+    c.lq = (int)tu_range(r, 3);
+    c.lkv = (int)tu_range(r, 3);
+    c.lo = (int)tu_range(r, 3);
+    c.wl = c.wr = -1;
+    switch (tu_range(r, 6)) {
+    case 0: c.causal = 1; break;
+    case 1: c.wl = tu_range(r, 40); c.wr = tu_range(r, 3) - 1; break;
+    case 2: c.causal = 1; c.wl = tu_range(r, 130); break;
+    default: break;
+    }
+    if (tu_range(r, 6) == 0)
+        c.softcap = 5.0 + 30.0 * tu_uniform(r);
+    if (tu_range(r, 8) == 0)
+        c.dropout = 0.1 + 0.4 * tu_uniform(r);
+    if (tu_range(r, 4) == 0)
+        c.scale = 0.05 + 0.2 * tu_uniform(r);
+    c.varlen = tu_range(r, 5) == 0;
+    if (c.varlen) {
+        c.batch = 1 + tu_range(r, 4);
+        c.lq = c.lq == 1 ? 0 : c.lq; /* packed tensors: contiguous or padded strides */
+        c.lkv = c.lkv == 1 ? 0 : c.lkv;
+        c.lo = c.lo == 1 ? 0 : c.lo;
+    }
+    c.lse = tu_range(r, 2);
+    c.threads = (int)tu_range(r, 3); /* 0 = default */
+    return c;
+}
+

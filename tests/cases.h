@@ -1,0 +1,37 @@
+/* cases.h — the one list of forward cases every backend is tested on:
+ * random cases of awkward sizes, run by a backend-specific runner and
+ * compared with the float64 reference at a tolerance set by a naive
+ * same-precision implementation's error on the same case. */
+#ifndef FMHA_TEST_CASES_H
+#define FMHA_TEST_CASES_H
+
+#include "testutil.h"
+
+typedef struct tcase {
+    int64_t batch, sq, sk, heads, kv, d, dv;
+    fmha_dtype dt, odt;
+    int lq, lkv, lo; /* layouts (tu_tensor_init) */
+    int causal;
+    int64_t wl, wr;
+    double softcap, dropout, scale;
+    int varlen, lse, threads;
+    fmha_cpu_isa isa;
+    fmha_device device;
+} tcase;
+
+/* Runs the forward so that out and lse land in the host buffers of `a`. */
+typedef fmha_status (*tcase_runner)(const fmha_config *cfg, const fmha_forward_args *a);
+
+/* What random cases may use: the CPU takes every dtype and head dim, CUDA
+ * f16/bf16 inputs and head dims up to 256. */
+typedef struct tcase_space {
+    fmha_device device;
+    const fmha_cpu_isa *isas; /* rotated over the cases (CPU) */
+    int nisa;
+} tcase_space;
+
+tcase tcase_random(tu_rng *r, int index, const tcase_space *space);
+/* Runs one case; counts its checks with TU_CHECK. Returns 1 if the forward ran. */
+int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run);
+
+#endif

@@ -1,0 +1,169 @@
+/* test_cuda.c — the CUDA backend against the float64 reference on the shared
+ * case list (cases.c) plus long sequences (1023, 4224, seqlen_q != seqlen_k),
+ * the dropout mask compared bit for bit with the CPU's, and host pointers
+ * refused. Exits 77 (ctest: skipped) where there is no CUDA device. */
+#include "cases.h"
+#include "testutil.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t tensor_bytes(const fmha_tensor *t)
+{
+    int64_t extent = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
+                     (t->heads - 1) * t->stride_head + t->head_dim;
+    return (size_t)extent * fmha_dtype_size(t->dtype);
+}
+
+static cudaStream_t stream;
+
+/* Copies every buffer (poisoned outputs included) to the GPU, runs there on
+ * a stream of its own, and copies out and lse back. */
+static fmha_status run_cuda(const fmha_config *cfg, const fmha_forward_args *h)
+{
+    fmha_forward_args d = *h;
+    const int64_t nlse = h->cu_seqlens_q ? h->q.heads * h->q.seqlen
+                                         : h->q.batch * h->q.heads * h->q.seqlen;
+    const int64_t ncu = h->cu_seqlens_q ? h->varlen_batch + 1 : 0;
+    const void *src[7] = {h->q.data, h->k.data, h->v.data, h->out.data, h->lse,
+                          h->cu_seqlens_q, h->cu_seqlens_k};
+    size_t bytes[7] = {tensor_bytes(&h->q), tensor_bytes(&h->k), tensor_bytes(&h->v),
+                       tensor_bytes(&h->out), (size_t)nlse * 4, (size_t)ncu * 4, (size_t)ncu * 4};
+    void *dev[7] = {0};
+    for (int i = 0; i < 7; i++)
+        if (src[i]) {
+            if (cudaMalloc(&dev[i], bytes[i]) != cudaSuccess ||
+                cudaMemcpy(dev[i], src[i], bytes[i], cudaMemcpyHostToDevice) != cudaSuccess) {
+                fprintf(stderr, "cuda copy failed\n");
+                exit(1);
+            }
+        }
+    d.q.data = dev[0];
+    d.k.data = dev[1];
+    d.v.data = dev[2];
+    d.out.data = dev[3];
+    d.lse = dev[4];
+    d.cu_seqlens_q = dev[5];
+    d.cu_seqlens_k = dev[6];
+    d.stream = stream;
+    fmha_status st = fmha_forward(cfg, &d);
+    cudaError_t e = cudaStreamSynchronize(stream);
+    TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
+    if (st == FMHA_STATUS_OK) {
+        cudaMemcpy(h->out.data, dev[3], bytes[3], cudaMemcpyDeviceToHost);
+        if (h->lse)
+            cudaMemcpy(h->lse, dev[4], bytes[4], cudaMemcpyDeviceToHost);
+    }
+    for (int i = 0; i < 7; i++)
+        cudaFree(dev[i]);
+    return st;
+}
+
+/* Uniform attention (q = k = 0) over V = identity: out[i][c] is nonzero iff
+ * key c was kept for query i, so the GPU's mask can be read off and compared
+ * with fmha_dropout_keep, which the CPU backend draws from. */
+static void test_dropout_mask_matches_cpu(fmha_dtype dt, int varlen)
+{
+    const int64_t B = 2, S = 100, H = 3, D = 64, SK = 64;
+    const double p = 0.3;
+    fmha_config cfg;
+    fmha_config_init(&cfg, H, 1, D);
+    cfg.dtype = dt;
+    cfg.dropout_p = p;
+    cfg.device = FMHA_DEVICE_CUDA;
+    tu_tensor q, k, v, o;
+    int32_t cuq[3] = {0, S, 2 * S}, cuk[3] = {0, SK, 2 * SK};
+    tu_tensor_init(&q, dt, varlen ? 1 : B, varlen ? B * S : S, H, D, 0, 0);
+    tu_tensor_init(&k, dt, varlen ? 1 : B, varlen ? B * SK : SK, 1, D, 0, 0);
+    tu_tensor_init(&v, dt, varlen ? 1 : B, varlen ? B * SK : SK, 1, D, 0, 0);
+    tu_tensor_init(&o, FMHA_DTYPE_F32, varlen ? 1 : B, varlen ? B * S : S, H, D, 0, 0xFF);
+    uint16_t one = dt == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(1.0f) : fmha_f32_to_f16(1.0f);
+    for (int64_t j = 0; j < (varlen ? B : 1) * SK * (varlen ? 1 : B); j++)
+        ((uint16_t *)v.alloc)[j * D + j % SK] = one;
+    fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t, .seed = 0x1234abcdULL,
+                           .offset = 0x500000007ULL};
+    if (varlen) {
+        a.cu_seqlens_q = cuq;
+        a.cu_seqlens_k = cuk;
+        a.varlen_batch = B;
+    }
+    fmha_status st = run_cuda(&cfg, &a);
+    TU_CHECK(st == FMHA_STATUS_OK, "dropout mask run: %s", fmha_last_error());
+    int64_t mismatches = 0, kept = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < S; i++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t c = 0; c < SK; c++) {
+                    double x = varlen ? tu_get(&o, 0, b * S + i, h, c) : tu_get(&o, b, i, h, c);
+                    int gpu_keep = x != 0.0;
+                    int cpu_keep = fmha_dropout_keep(a.seed, a.offset, b, H, h, i, c, p);
+                    mismatches += gpu_keep != cpu_keep;
+                    kept += gpu_keep;
+                }
+    TU_CHECK(mismatches == 0, "%s%s: %lld dropout decisions differ from the CPU's",
+             fmha_dtype_name(dt), varlen ? " varlen" : "", (long long)mismatches);
+    TU_CHECK(kept > 0 && kept < B * S * H * SK, "dropout kept %lld of %lld", (long long)kept,
+             (long long)(B * S * H * SK));
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
+    tu_tensor_free(&o);
+}
+
+static void test_host_pointer_refused(void)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, 2, 2, 64);
+    cfg.device = FMHA_DEVICE_CUDA;
+    tu_tensor q, o;
+    tu_tensor_init(&q, cfg.dtype, 1, 16, 2, 64, 0, 0);
+    tu_tensor_init(&o, cfg.dtype, 1, 16, 2, 64, 0, 0x5A);
+    fmha_forward_args a = {.q = q.t, .k = q.t, .v = q.t, .out = o.t};
+    fmha_status st = fmha_forward(&cfg, &a);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT && strstr(fmha_last_error(), "host memory"),
+             "host pointers on CUDA: %s / %s", fmha_status_string(st), fmha_last_error());
+    int untouched = 1;
+    for (size_t i = 0; i < o.alloc_bytes; i++)
+        untouched &= ((unsigned char *)o.alloc)[i] == 0x5A;
+    TU_CHECK(untouched, "out was written after a refused call");
+    tu_tensor_free(&q);
+    tu_tensor_free(&o);
+}
+
+int main(int argc, char **argv)
+{
+    if (fmha_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device (%s)\n",
+               fmha_cuda_backend_built() ? "none found" : "built without CUDA");
+        return 77;
+    }
+    char desc[256];
+    fmha_cuda_device_describe(0, desc, sizeof desc);
+    printf("device 0: %s\n", desc);
+    cudaStreamCreate(&stream);
+    const char *env = getenv("FMHA_TEST_CASES");
+    int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 300;
+    tu_rng rng = {20261203};
+    const tcase_space space = {FMHA_DEVICE_CUDA, NULL, 0};
+    for (int i = 0; i < ncases; i++) {
+        tcase c = tcase_random(&rng, i, &space);
+        tcase_run(&c, &rng, run_cuda);
+    }
+    /* Long sequences, seqlen_q != seqlen_k both ways (FMHA_TEST_LONG=0 skips
+     * them, for the sanitizers). */
+    const int64_t longs[][2] = {{1023, 1023}, {4224, 4224}, {1023, 4224}, {4224, 239}};
+    const char *lenv = getenv("FMHA_TEST_LONG");
+    for (int i = 0; i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
+        tcase c = {.batch = 1, .sq = longs[i][0], .sk = longs[i][1], .heads = 2, .kv = 1,
+                   .d = i == 2 ? 64 : 128, .dv = i == 2 ? 64 : 128, .dt = FMHA_DTYPE_BF16,
+                   .odt = FMHA_DTYPE_BF16, .causal = i == 1, .wl = -1, .wr = -1, .lse = 1,
+                   .device = FMHA_DEVICE_CUDA};
+        tcase_run(&c, &rng, run_cuda);
+    }
+    test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
+    test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);
+    test_host_pointer_refused();
+    cudaStreamDestroy(stream);
+    return tu_summary();
+}

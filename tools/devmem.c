@@ -1,0 +1,124 @@
+/* devmem.c — see devmem.h. CUDA calls are compiled in only with the CUDA
+ * backend (FMHA_HAVE_CUDA). */
+#define _POSIX_C_SOURCE 200809L
+#include "devmem.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#ifdef FMHA_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+static size_t tensor_bytes(const fmha_tensor *t)
+{
+    int64_t extent = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
+                     (t->heads - 1) * t->stride_head + t->head_dim;
+    return (size_t)extent * fmha_dtype_size(t->dtype);
+}
+
+int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device device, char *err,
+                    size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    d->a = *host;
+    d->device = device;
+    if (device == FMHA_DEVICE_CPU)
+        return 0;
+#ifdef FMHA_HAVE_CUDA
+    const int64_t nlse = host->cu_seqlens_q ? host->q.heads * host->q.seqlen
+                                            : host->q.batch * host->q.heads * host->q.seqlen;
+    const int64_t ncu = host->cu_seqlens_q ? host->varlen_batch + 1 : 0;
+    const void *src[7] = {host->q.data, host->k.data, host->v.data, host->out.data,
+                          host->lse, host->cu_seqlens_q, host->cu_seqlens_k};
+    size_t bytes[7] = {tensor_bytes(&host->q), tensor_bytes(&host->k), tensor_bytes(&host->v),
+                       tensor_bytes(&host->out), (size_t)nlse * 4, (size_t)ncu * 4, (size_t)ncu * 4};
+    for (int i = 0; i < 7; i++) {
+        if (!src[i])
+            continue;
+        cudaError_t e = cudaMalloc(&d->owned[i], bytes[i]);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(d->owned[i], src[i], bytes[i], cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "copying %zu bytes to the GPU: %s", bytes[i], cudaGetErrorString(e));
+            dev_args_free(d);
+            return -1;
+        }
+    }
+    d->a.q.data = d->owned[0];
+    d->a.k.data = d->owned[1];
+    d->a.v.data = d->owned[2];
+    d->a.out.data = d->owned[3];
+    d->a.lse = d->owned[4];
+    d->a.cu_seqlens_q = d->owned[5];
+    d->a.cu_seqlens_k = d->owned[6];
+    return 0;
+#else
+    snprintf(err, errlen, "this fmha was built without a CUDA backend");
+    return -1;
+#endif
+}
+
+int dev_args_download(const dev_args *d, const fmha_forward_args *host, char *err, size_t errlen)
+{
+    if (d->device == FMHA_DEVICE_CPU)
+        return 0;
+#ifdef FMHA_HAVE_CUDA
+    const int64_t nlse = host->cu_seqlens_q ? host->q.heads * host->q.seqlen
+                                            : host->q.batch * host->q.heads * host->q.seqlen;
+    cudaError_t e = cudaMemcpy(host->out.data, d->a.out.data, tensor_bytes(&host->out),
+                               cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess && host->lse)
+        e = cudaMemcpy(host->lse, d->a.lse, (size_t)nlse * 4, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "copying the output back from the GPU: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+#else
+    (void)host;
+    snprintf(err, errlen, "this fmha was built without a CUDA backend");
+    return -1;
+#endif
+}
+
+void dev_args_free(dev_args *d)
+{
+#ifdef FMHA_HAVE_CUDA
+    for (int i = 0; i < 7; i++)
+        if (d->owned[i])
+            cudaFree(d->owned[i]);
+#endif
+    memset(d->owned, 0, sizeof d->owned);
+}
+
+fmha_status dev_time_forward(fmha_layer *layer, const dev_args *d, double *ms)
+{
+#ifdef FMHA_HAVE_CUDA
+    if (d->device == FMHA_DEVICE_CUDA) {
+        cudaEvent_t start, stop;
+        cudaEventCreate(&start);
+        cudaEventCreate(&stop);
+        cudaEventRecord(start, d->a.stream);
+        fmha_status st = fmha_layer_forward(layer, &d->a);
+        cudaEventRecord(stop, d->a.stream);
+        cudaError_t e = cudaEventSynchronize(stop);
+        float t = 0;
+        cudaEventElapsedTime(&t, start, stop);
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+        *ms = t;
+        if (st == FMHA_STATUS_OK && e != cudaSuccess) {
+            fprintf(stderr, "fmha: the GPU failed: %s\n", cudaGetErrorString(e));
+            return FMHA_STATUS_BACKEND_ERROR;
+        }
+        return st;
+    }
+#endif
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fmha_status st = fmha_layer_forward(layer, &d->a);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
+    return st;
+}

@@ -1,0 +1,26 @@
+/* devmem.h — the CLI's bridge to device memory: the same forward arguments,
+ * either as they are (CPU) or as device copies (CUDA), and a timer that
+ * measures one forward on either. */
+#ifndef FMHA_DEVMEM_H
+#define FMHA_DEVMEM_H
+
+#include "fmha.h"
+
+typedef struct dev_args {
+    fmha_forward_args a; /* what the layer runs on */
+    void *owned[7];      /* device copies to free */
+    fmha_device device;
+} dev_args;
+
+/* Copies every buffer of `host` to `device` (nothing for CPU). 0 on success,
+ * else a message in err. */
+int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device device, char *err,
+                    size_t errlen);
+/* Copies out and lse back into `host`'s buffers. */
+int dev_args_download(const dev_args *d, const fmha_forward_args *host, char *err, size_t errlen);
+void dev_args_free(dev_args *d);
+
+/* Milliseconds of one fmha_layer_forward, with the device finished. */
+fmha_status dev_time_forward(fmha_layer *layer, const dev_args *d, double *ms);
+
+#endif

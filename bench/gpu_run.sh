@@ -18,6 +18,7 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$OUT/cmake.log" 2>&1 || { 
 cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 grep -E "spill|stack" "$OUT/build.log" | sort | uniq -c | head
 summary=()
+IFS=';' read -r -a VARIANTS <<< "${VARIANT_FLAGS:-}"
 for step in "$@"; do
     case $step in
     test)
@@ -34,6 +35,20 @@ for step in "$@"; do
           && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \
           && build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16; } > "$OUT/cli.log" 2>&1
         summary+=("cli rc=$?"); tail -8 "$OUT/cli.log" ;;
+    variants) # tuning builds, sm_90 only, fmha timed alone on the quick shapes
+        i=0
+        for flags in "${VARIANTS[@]}"; do
+            i=$((i + 1))
+            ( cmake -S . -B build-v$i -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_GENCODE="-gencode=arch=compute_90,code=sm_90" \
+                -DFMHA_CUDA_FLAGS="$flags" > "$OUT/v$i.cmake.log" 2>&1 && cmake --build build-v$i -j 4 --target fmha > "$OUT/v$i.build.log" 2>&1 ) &
+        done
+        wait
+        i=0
+        for flags in "${VARIANTS[@]}"; do
+            i=$((i + 1))
+            echo "== variant $i: $flags $(grep -c 'spill' "$OUT/v$i.build.log") spill lines"
+            python3 bench/bench_cuda.py --lib build-v$i/libfmha.so --quick --no-peers 2>&1 | grep -v "^|" | grep -v "^#"
+        done ;;
     bench|bench-quick)
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1

@@ -20,14 +20,22 @@
 
 namespace {
 
-/* Tile shape per head dim. BM = 16 x warps. Shared memory is
+/* Tile shape per head dim. Four warps; each owns MT m16 tiles of queries, so
+ * every K/V fragment read from shared memory feeds MT mma's. Shared memory is
  * (BM + 4 BN) x (D + 8) x 2 bytes: 104 KiB at D = 128, so two blocks fit on
- * an SM; D >= 192 takes 64 queries so that O (D/2 f32 registers per thread)
- * and S still fit in 255 registers. */
+ * an SM. D >= 192 keeps one m-tile per warp: O alone is D/2 f32 registers
+ * per thread and m-tile. */
+#ifndef FMHA_CUDA_MT /* tuning knobs: m-tiles per warp and keys per tile at D <= 128 */
+#define FMHA_CUDA_MT 2
+#endif
+#ifndef FMHA_CUDA_BN
+#define FMHA_CUDA_BN 32
+#endif
 template <int D> struct tile {
-    static constexpr int BM = D <= 128 ? 128 : 64;
-    static constexpr int BN = 64;
-    static constexpr int WARPS = BM / 16;
+    static constexpr int MT = D <= 128 ? FMHA_CUDA_MT : 1;
+    static constexpr int WARPS = 4;
+    static constexpr int BM = 16 * MT * WARPS;
+    static constexpr int BN = D <= 128 ? FMHA_CUDA_BN : 64;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int DS = D + 8; /* row stride: +16 bytes keeps ldmatrix free of bank conflicts */
     static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * DS * 2;
@@ -61,6 +69,11 @@ template <> struct elem<false> { typedef __half T; };
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b)
 {
     return a < b ? a : b;
+}
+
+__host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b)
+{
+    return a > b ? a : b;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
@@ -164,10 +177,10 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
 }
 
 template <int D, bool BF16>
-__global__ void __launch_bounds__(tile<D>::THREADS, 1) flash_fwd(const flash_params p)
+__global__ void __launch_bounds__(tile<D>::THREADS, 2) flash_fwd(const flash_params p)
 {
     typedef typename elem<BF16>::T T;
-    constexpr int BM = tile<D>::BM, BN = tile<D>::BN, THREADS = tile<D>::THREADS;
+    constexpr int BM = tile<D>::BM, BN = tile<D>::BN, THREADS = tile<D>::THREADS, MT = tile<D>::MT;
     constexpr int DS = tile<D>::DS;
     extern __shared__ __align__(16) unsigned char smem[];
     T *sQ = (T *)smem;        /* [BM][DS] */
@@ -202,17 +215,8 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 1) flash_fwd(const flash_par
     const int ntiles = kv_end > kv_begin ? (int)((kv_end - kv_begin + BN - 1) / BN) : 0;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    /* This thread's two rows of each fragment: r and r + 8 of the warp's 16. */
-    int64_t row_lo[2], row_hi[2];
-#pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-        const int r = warp * 16 + lane / 4 + rh * 8;
-        if (r < rows)
-            fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + r, sq, sk, &row_lo[rh],
-                            &row_hi[rh]);
-        else
-            row_lo[rh] = row_hi[rh] = 0;
-    }
+    /* Fragment rows of this thread: m-tile mt, half rh -> block row
+     * (warp * MT + mt) * 16 + lane / 4 + 8 rh. */
 
     load_tile<D, BM, THREADS>(sQ, gq, p.q_ss, rows, p.d, p.aligned);
     if (ntiles > 0) {
@@ -222,11 +226,16 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 1) flash_fwd(const flash_par
     }
     cp_async_commit();
 
-    float o[D / 8][4];
+    float o[MT][D / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
-        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+            o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+    float m_row[MT][2], l_row[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        m_row[mt][0] = m_row[mt][1] = -INFINITY, l_row[mt][0] = l_row[mt][1] = 0.0f;
 
     for (int t = 0; t < ntiles; t++) {
         const int64_t n0 = kv_begin + (int64_t)t * BN;
@@ -244,106 +253,137 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 1) flash_fwd(const flash_par
         __syncthreads();
         const T *cK = sK + (t & 1) * BN * DS, *cV = sV + (t & 1) * BN * DS;
 
-        /* S = Q K^T for the warp's 16 rows x BN keys. */
-        float s[BN / 8][4];
+        /* S = Q K^T for the warp's MT x 16 rows x BN keys. */
+        float s[MT][BN / 8][4];
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+                s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+#pragma unroll 2 /* fully unrolled, ptxas hoists every Q fragment and spills at D = 128 */
         for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t a[4];
-            ldmatrix_x4(a, smem_u32(sQ + (warp * 16 + lane % 16) * DS + kk * 16 + (lane / 16) * 8));
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(a[mt], smem_u32(sQ + ((warp * MT + mt) * 16 + lane % 16) * DS + kk * 16 +
+                                            (lane / 16) * 8));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t bk[4];
                 ldmatrix_x4(bk, smem_u32(cK + (np * 16 + lane % 8 + (lane / 16) * 8) * DS + kk * 16 +
                                          ((lane / 8) % 2) * 8));
-                mma<BF16>(s[2 * np], a, bk[0], bk[1]);
-                mma<BF16>(s[2 * np + 1], a, bk[2], bk[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma<BF16>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+                    mma<BF16>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+                }
             }
         }
 
         if (p.softcap_out != 0.0f) {
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[i][e] = tanh_approx(s[i][e] * p.softcap_in) * p.softcap_out;
+                for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[mt][i][e] = tanh_approx(s[mt][i][e] * p.softcap_in) * p.softcap_out;
         }
 
         /* Mask keys a row does not see (and the zero rows past the tile). */
         const bool full = nvalid == BN && lo_last <= n0 && n0 + BN <= hi_first;
-        if (!full) {
+        if (!full) { /* rare: the bounds are recomputed rather than held in registers */
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int64_t col = n0 + i * 8 + (lane % 4) * 2 + (e & 1);
-                    const int rh = e >> 1;
-                    if (col < row_lo[rh] || col >= row_hi[rh])
-                        s[i][e] = -INFINITY;
+                for (int rh = 0; rh < 2; rh++) {
+                    const int r = (warp * MT + mt) * 16 + lane / 4 + rh * 8;
+                    int64_t lo = 0, hi = 0;
+                    if (r < rows)
+                        fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + r, sq, sk,
+                                        &lo, &hi);
+                    const int jlo = (int)max64(lo - n0, -1), jhi = (int)min64(hi - n0, nvalid);
+#pragma unroll
+                    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int j = i * 8 + (lane % 4) * 2 + e;
+                            if (j < jlo || j >= jhi)
+                                s[mt][i][2 * rh + e] = -INFINITY;
+                        }
                 }
         }
 
         /* Online softmax, per row: the four threads of a quad share a row. */
 #pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-            float mx = m_row[rh];
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++)
-                mx = fmaxf(mx, fmaxf(s[i][2 * rh], s[i][2 * rh + 1]) * p.scale_log2);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms 0 */
-            const float alpha = exp2_approx(m_row[rh] - base);
-            float sum = 0.0f;
+            for (int rh = 0; rh < 2; rh++) {
+                float mx = m_row[mt][rh];
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++)
+                for (int i = 0; i < BN / 8; i++)
+                    mx = fmaxf(mx, fmaxf(s[mt][i][2 * rh], s[mt][i][2 * rh + 1]) * p.scale_log2);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms 0 */
+                const float alpha = exp2_approx(m_row[mt][rh] - base);
+                float sum = 0.0f;
 #pragma unroll
-                for (int e = 2 * rh; e < 2 * rh + 2; e++) {
-                    s[i][e] = exp2_approx(fmaf(s[i][e], p.scale_log2, -base));
-                    sum += s[i][e];
+                for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                    for (int e = 2 * rh; e < 2 * rh + 2; e++) {
+                        s[mt][i][e] = exp2_approx(fmaf(s[mt][i][e], p.scale_log2, -base));
+                        sum += s[mt][i][e];
+                    }
+                l_row[mt][rh] = l_row[mt][rh] * alpha + sum; /* the quad adds up at the end */
+                m_row[mt][rh] = mx;
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    o[mt][i][2 * rh] *= alpha;
+                    o[mt][i][2 * rh + 1] *= alpha;
                 }
-            l_row[rh] = l_row[rh] * alpha + sum; /* per-thread part; the quad adds up at the end */
-            m_row[rh] = mx;
-#pragma unroll
-            for (int i = 0; i < D / 8; i++) {
-                o[i][2 * rh] *= alpha;
-                o[i][2 * rh + 1] *= alpha;
             }
-        }
 
         if (p.drop_threshold) { /* after the sum: the normaliser counts dropped terms */
             const int64_t seq_head = (int64_t)b * p.heads + h;
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int rh = 0; rh < 2; rh++) {
-                    const int64_t row = m0 + warp * 16 + lane / 4 + rh * 8;
-                    const int64_t col = n0 + i * 8 + (lane % 4) * 2; /* even: one draw serves both */
-                    const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, seq_head, row, col);
+                for (int i = 0; i < BN / 8; i++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float &x = s[i][2 * rh + e];
-                        x = w.v[(col + e) & 3] >= p.drop_threshold ? x * p.drop_scale : 0.0f;
+                    for (int rh = 0; rh < 2; rh++) {
+                        const int64_t row = m0 + (warp * MT + mt) * 16 + lane / 4 + rh * 8;
+                        const int64_t col = n0 + i * 8 + (lane % 4) * 2; /* even: one draw, two keys */
+                        const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, seq_head, row, col);
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            float &x = s[mt][i][2 * rh + e];
+                            x = w.v[(col + e) & 3] >= p.drop_threshold ? x * p.drop_scale : 0.0f;
+                        }
                     }
-                }
         }
 
         /* O += P V: S's accumulator layout is P's A-operand layout. */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[4] = {pack2<BF16>(s[2 * kk][0], s[2 * kk][1]),
-                             pack2<BF16>(s[2 * kk][2], s[2 * kk][3]),
-                             pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t bv[4];
                 ldmatrix_x4_trans(bv, smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
                                                dp * 16 + (lane / 16) * 8));
-                mma<BF16>(o[2 * dp], a, bv[0], bv[1]);
-                mma<BF16>(o[2 * dp + 1], a, bv[2], bv[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma<BF16>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+                    mma<BF16>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+                }
             }
         }
         __syncthreads(); /* the next iteration's prefetch overwrites this stage */
@@ -351,37 +391,39 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 1) flash_fwd(const flash_par
 
     /* Normalise and store; rows that saw no key are 0 with LSE -inf. */
 #pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-        float l = l_row[rh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int r = warp * 16 + lane / 4 + rh * 8;
-        if (r >= rows)
-            continue;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        char *orow = (char *)p.o + ((tb * p.o_sb + (q0 + m0 + r) * p.o_ss + h * p.o_sh) *
-                                    (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2));
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < D / 8; i++)
+        for (int rh = 0; rh < 2; rh++) {
+            float l = l_row[mt][rh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int r = (warp * MT + mt) * 16 + lane / 4 + rh * 8;
+            if (r >= rows)
+                continue;
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            char *orow = (char *)p.o + ((tb * p.o_sb + (q0 + m0 + r) * p.o_ss + h * p.o_sh) *
+                                        (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2));
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int c = i * 8 + (lane % 4) * 2 + e;
-                if (c >= p.dv)
-                    continue;
-                const float x = o[i][2 * rh + e] * inv;
-                if (p.out_dtype == FMHA_DTYPE_F32)
-                    ((float *)orow)[c] = x;
-                else if (p.out_dtype == FMHA_DTYPE_BF16)
-                    ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
-                else
-                    ((__half *)orow)[c] = __float2half_rn(x);
+            for (int i = 0; i < D / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int c = i * 8 + (lane % 4) * 2 + e;
+                    if (c >= p.dv)
+                        continue;
+                    const float x = o[mt][i][2 * rh + e] * inv;
+                    if (p.out_dtype == FMHA_DTYPE_F32)
+                        ((float *)orow)[c] = x;
+                    else if (p.out_dtype == FMHA_DTYPE_BF16)
+                        ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
+                    else
+                        ((__half *)orow)[c] = __float2half_rn(x);
+                }
+            if (p.lse && lane % 4 == 0) {
+                const int64_t idx = p.varlen ? (int64_t)h * p.total_q + q0 + m0 + r
+                                             : ((int64_t)b * p.heads + h) * sq + m0 + r;
+                p.lse[idx] = l > 0.0f ? (m_row[mt][rh] + log2f(l)) * 0.69314718055994531f : -INFINITY;
             }
-        if (p.lse && lane % 4 == 0) {
-            const int64_t idx = p.varlen ? (int64_t)h * p.total_q + q0 + m0 + r
-                                         : ((int64_t)b * p.heads + h) * sq + m0 + r;
-            p.lse[idx] = l > 0.0f ? (m_row[rh] + log2f(l)) * 0.69314718055994531f : -INFINITY;
         }
-    }
 }
 
 template <int D, bool BF16> cudaError_t launch(const flash_params &p, int64_t max_sq, int batch,

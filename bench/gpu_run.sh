@@ -25,6 +25,9 @@ for step in "$@"; do
         FMHA_TEST_CASES=${CASES:-300} timeout 400 build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
         summary+=("test_cuda rc=$? $(tail -1 "$OUT/test_cuda.log")")
         grep FAIL "$OUT/test_cuda.log" | head -20 ;;
+    debug)
+        FMHA_TEST_LONG=0 timeout 300 cuda-gdb -batch -ex run -ex bt -ex quit --args build-gpu/test_cuda 3 > "$OUT/debug.log" 2>&1
+        tail -40 "$OUT/debug.log" ;;
     sanitize)
         FMHA_TEST_CASES=6 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda > "$OUT/memcheck.log" 2>&1
         summary+=("memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")

@@ -133,6 +133,7 @@ static void test_host_pointer_refused(void)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (fmha_cuda_device_count() == 0) {
         printf("skipped: no CUDA device (%s)\n",
                fmha_cuda_backend_built() ? "none found" : "built without CUDA");

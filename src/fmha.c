@@ -212,6 +212,28 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
     if (!layer)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
     fmha_problem pb;
+#ifdef FMHA_HAVE_CUDA
+    if (layer->kernel.device == FMHA_DEVICE_CUDA && args && args->cu_seqlens_q) {
+        /* Packed batches on the GPU: cu_seqlens are device memory, so
+         * validation reads host copies; the kernel still gets the originals. */
+        int32_t *cq, *ck;
+        fmha_status st = fmha_cuda_fetch_cu_seqlens(args, &cq, &ck);
+        if (st != FMHA_STATUS_OK)
+            return st;
+        fmha_forward_args host = *args;
+        if (cq) {
+            host.cu_seqlens_q = cq;
+            host.cu_seqlens_k = ck;
+        }
+        st = fmha_validate_forward(&layer->cfg, &host, &pb);
+        free(cq);
+        free(ck);
+        if (st != FMHA_STATUS_OK)
+            return st;
+        pb.args = args;
+        return fmha_cuda_forward(&pb, &layer->kernel);
+    }
+#endif
     fmha_status st = fmha_validate_forward(&layer->cfg, args, &pb);
     if (st != FMHA_STATUS_OK)
         return st;

@@ -13,6 +13,13 @@ extern "C" {
  * with the reason. */
 fmha_status fmha_cuda_check_device(void);
 
+/* Copies a packed batch's cu_seqlens_q/k (device memory) into host arrays of
+ * varlen_batch + 1 entries each, which the caller frees, so that validation
+ * can read them: one small synchronous copy per packed call. Leaves *q, *k
+ * NULL (and returns OK) when there is nothing sensible to copy; validation
+ * then reports the arguments. */
+fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **q, int32_t **k);
+
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */
 fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel);

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The head dims with a compiled kernel; any other head dim up to 256 runs
@@ -20,20 +21,23 @@
 
 namespace {
 
-/* Tile shape per head dim. Four warps; each owns MT m16 tiles of queries, so
- * every K/V fragment read from shared memory feeds MT mma's. Shared memory is
- * (BM + 4 BN) x (D + 8) x 2 bytes: 104 KiB at D = 128, so two blocks fit on
- * an SM. D >= 192 keeps one m-tile per warp: O alone is D/2 f32 registers
- * per thread and m-tile. */
-#ifndef FMHA_CUDA_MT /* tuning knobs: m-tiles per warp and keys per tile at D <= 128 */
+/* Tile shape per head dim; each warp owns MT m16 tiles of queries, so every
+ * K/V fragment read from shared memory feeds MT mma's. Shared memory is
+ * (BM + 4 BN) x (D + 8) x 2 bytes.
+ *   D <= 128: 4 warps x 2 m-tiles, BN 64: 104 KiB at D = 128, two blocks per
+ *             SM. On the H200 (2026-12-02, bench/NOTES.md) this ran 1.2-1.3x
+ *             the one-m-tile version and 1.2x BN 32, despite ~200 bytes of
+ *             spills at D = 128.
+ *   D >= 192: 8 warps x 1 m-tile (O alone is D/2 registers per thread). */
+#ifndef FMHA_CUDA_MT /* tuning knobs for D <= 128 (gpu_run.sh variants) */
 #define FMHA_CUDA_MT 2
 #endif
 #ifndef FMHA_CUDA_BN
-#define FMHA_CUDA_BN 32
+#define FMHA_CUDA_BN 64
 #endif
 template <int D> struct tile {
     static constexpr int MT = D <= 128 ? FMHA_CUDA_MT : 1;
-    static constexpr int WARPS = 4;
+    static constexpr int WARPS = D <= 128 ? 4 : 8;
     static constexpr int BM = 16 * MT * WARPS;
     static constexpr int BN = D <= 128 ? FMHA_CUDA_BN : 64;
     static constexpr int THREADS = WARPS * 32;
@@ -177,7 +181,7 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
 }
 
 template <int D, bool BF16>
-__global__ void __launch_bounds__(tile<D>::THREADS, 2) flash_fwd(const flash_params p)
+__global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flash_fwd(const flash_params p)
 {
     typedef typename elem<BF16>::T T;
     constexpr int BM = tile<D>::BM, BN = tile<D>::BN, THREADS = tile<D>::THREADS, MT = tile<D>::MT;
@@ -363,17 +367,22 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 2) flash_fwd(const flash_par
                     }
         }
 
-        /* O += P V: S's accumulator layout is P's A-operand layout. */
+        /* P as 16-bit A-operand fragments: S's accumulator layout is P's
+         * operand layout, and packing now frees half of S's registers. */
+        uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                pa[mt][kk][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][kk][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][kk][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][kk][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+
+        /* O += P V. */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                a[mt][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                a[mt][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                a[mt][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t bv[4];
@@ -381,8 +390,8 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 2) flash_fwd(const flash_par
                                                dp * 16 + (lane / 16) * 8));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma<BF16>(o[mt][2 * dp], a[mt], bv[0], bv[1]);
-                    mma<BF16>(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+                    mma<BF16>(o[mt][2 * dp], pa[mt][kk], bv[0], bv[1]);
+                    mma<BF16>(o[mt][2 * dp + 1], pa[mt][kk], bv[2], bv[3]);
                 }
             }
         }
@@ -509,6 +518,39 @@ extern "C" fmha_status fmha_cuda_check_device(void)
                               "CUDA device %d has compute capability %d.%d; fmha's CUDA kernels "
                               "need 8.0 (Ampere) or later",
                               dev, major, minor);
+    return FMHA_STATUS_OK;
+}
+
+extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, int32_t **q,
+                                                  int32_t **k)
+{
+    *q = *k = NULL;
+    if (!a || !a->cu_seqlens_q || !a->cu_seqlens_k || a->varlen_batch <= 0 ||
+        a->varlen_batch >= INT32_MAX)
+        return FMHA_STATUS_OK;
+    fmha_status st = check_device_pointer(a->cu_seqlens_q, "cu_seqlens_q");
+    if (st == FMHA_STATUS_OK)
+        st = check_device_pointer(a->cu_seqlens_k, "cu_seqlens_k");
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const size_t bytes = sizeof(int32_t) * (size_t)(a->varlen_batch + 1);
+    *q = (int32_t *)malloc(bytes);
+    *k = (int32_t *)malloc(bytes);
+    if (!*q || !*k) {
+        free(*q);
+        free(*k);
+        *q = *k = NULL;
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory copying cu_seqlens");
+    }
+    cudaError_t err = cudaMemcpy(*q, a->cu_seqlens_q, bytes, cudaMemcpyDeviceToHost);
+    if (err == cudaSuccess)
+        err = cudaMemcpy(*k, a->cu_seqlens_k, bytes, cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) {
+        free(*q);
+        free(*k);
+        *q = *k = NULL;
+        return cuda_error(err, "copying cu_seqlens to the host");
+    }
     return FMHA_STATUS_OK;
 }
 

@@ -108,7 +108,7 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
     fmha_problem pb;
     if (fmha_validate_forward(cfg, a, &pb) != FMHA_STATUS_OK)
         return -1;
-    const int round_p = cfg->dtype == FMHA_DTYPE_BF16;
+    const fmha_dtype p_dtype = cfg->dtype; /* 16-bit attention multiplies P in 16 bits */
     float *sc = malloc(sizeof(float) * (size_t)(pb.max_sk + 1));
     float *acc = malloc(sizeof(float) * (size_t)pb.dv);
     const float scale = (float)pb.scale;
@@ -148,8 +148,10 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                             continue;
                         p *= (float)pb.drop_rescale;
                     }
-                    if (round_p)
+                    if (p_dtype == FMHA_DTYPE_BF16)
                         p = fmha_bf16_to_f32(fmha_f32_to_bf16(p));
+                    else if (p_dtype == FMHA_DTYPE_F16)
+                        p = fmha_f16_to_f32(fmha_f32_to_f16(p));
                     const char *vr = (const char *)a->v.data +
                                      fmha_tensor_offset(&a->v, tb, k0 + j, hk) * (int64_t)fmha_dtype_size(a->v.dtype);
                     for (int64_t c = 0; c < pb.dv; c++)

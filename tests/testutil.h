@@ -35,9 +35,10 @@ double tu_get(const tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c);
 /* 1 if every byte of the allocation outside the view still equals `poison`. */
 int tu_gaps_untouched(const tu_tensor *x, unsigned char poison);
 
-/* Naive attention in f32 arithmetic on the same inputs (bf16 inputs also
- * round the probabilities to bf16, as bf16 attention kernels do): its error
- * against the reference is the yardstick for a fast path's error. */
+/* Naive attention in f32 arithmetic on the same inputs (16-bit inputs also
+ * round the probabilities to their dtype before P V, as 16-bit attention
+ * kernels do): its error against the reference is the yardstick for a fast
+ * path's error. */
 int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a);
 
 /* Counting. */

@@ -35,6 +35,10 @@ namespace {
 #ifndef FMHA_CUDA_BN
 #define FMHA_CUDA_BN 64
 #endif
+#ifndef FMHA_CUDA_QK_UNROLL /* head-dim steps of S = Q K^T unrolled together */
+#define FMHA_CUDA_QK_UNROLL 2
+#endif
+constexpr int QK_UNROLL = FMHA_CUDA_QK_UNROLL;
 template <int D> struct tile {
     static constexpr int MT = D <= 128 ? FMHA_CUDA_MT : 1;
     static constexpr int WARPS = D <= 128 ? 4 : 8;
@@ -180,7 +184,10 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
     }
 }
 
-template <int D, bool BF16>
+/* DROPOUT is a template argument because the Philox rounds' registers would
+ * otherwise be reserved on every path: at D = 128 they cost ~200 bytes of
+ * spills per thread. */
+template <int D, bool BF16, bool DROPOUT>
 __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flash_fwd(const flash_params p)
 {
     typedef typename elem<BF16>::T T;
@@ -266,7 +273,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
 #pragma unroll
             for (int i = 0; i < BN / 8; i++)
                 s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
-#pragma unroll 2 /* fully unrolled, ptxas hoists every Q fragment and spills at D = 128 */
+#pragma unroll QK_UNROLL /* fully unrolled, ptxas hoists every Q fragment and spills */
         for (int kk = 0; kk < D / 16; kk++) {
             uint32_t a[MT][4];
 #pragma unroll
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
                 }
             }
 
-        if (p.drop_threshold) { /* after the sum: the normaliser counts dropped terms */
+        if (DROPOUT) { /* after the sum: the normaliser counts dropped terms */
             const int64_t seq_head = (int64_t)b * p.heads + h;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -437,18 +444,25 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
         }
 }
 
-template <int D, bool BF16> cudaError_t launch(const flash_params &p, int64_t max_sq, int batch,
-                                              cudaStream_t stream)
+template <int D, bool BF16, bool DROPOUT>
+cudaError_t launch_variant(const flash_params &p, int64_t max_sq, int batch, cudaStream_t stream)
 {
     const size_t smem = tile<D>::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, BF16>,
+    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, BF16, DROPOUT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
     dim3 grid((unsigned)((max_sq + tile<D>::BM - 1) / tile<D>::BM), (unsigned)p.heads,
               (unsigned)batch);
-    flash_fwd<D, BF16><<<grid, tile<D>::THREADS, smem, stream>>>(p);
+    flash_fwd<D, BF16, DROPOUT><<<grid, tile<D>::THREADS, smem, stream>>>(p);
     return cudaGetLastError();
+}
+
+template <int D, bool BF16>
+cudaError_t launch(const flash_params &p, int64_t max_sq, int batch, cudaStream_t stream)
+{
+    return p.drop_threshold ? launch_variant<D, BF16, true>(p, max_sq, batch, stream)
+                            : launch_variant<D, BF16, false>(p, max_sq, batch, stream);
 }
 
 fmha_status cuda_error(cudaError_t err, const char *what)

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "hfconfig.h"
+#include "testutil.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -11,21 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-static int g_pass, g_fail;
 static char g_dir[64];
 static char g_path[128];
 
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (cond) {                                     \
-            g_pass++;                                   \
-        } else {                                        \
-            g_fail++;                                   \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-        }                                               \
-    } while (0)
+#define CHECK TU_CHECK
 
 /* Writes `json` to a file and reads it back through hf_config_read. */
 static int read_json(const char *json, hf_attn_shape *s, char *err, size_t errlen)
@@ -46,9 +36,9 @@ static void expect_ok(int line, const char *what, const char *json, int64_t head
     int rc = read_json(json, &s, err, sizeof err);
     if (rc == 0 && s.num_heads == heads && s.num_kv_heads == kv && s.head_dim == hd &&
         s.hidden_size == hidden && strstr(s.source, src_sub) != NULL) {
-        g_pass++;
+        tu_passed++;
     } else {
-        g_fail++;
+        tu_failed++;
         printf("FAIL line %d (%s): rc %d err \"%s\" got %lld/%lld/%lld/%lld \"%s\"\n", line,
                what, rc, err, (long long)s.num_heads, (long long)s.num_kv_heads,
                (long long)s.head_dim, (long long)s.hidden_size, s.source);
@@ -62,9 +52,9 @@ static void expect_err(int line, const char *what, const char *json, const char 
     char err[512] = "";
     int rc = read_json(json, &s, err, sizeof err);
     if (rc != 0 && strstr(err, sub) != NULL && s.num_heads == 0 && s.head_dim == 0) {
-        g_pass++;
+        tu_passed++;
     } else {
-        g_fail++;
+        tu_failed++;
         printf("FAIL line %d (%s): rc %d err \"%s\", want one containing \"%s\"\n", line, what,
                rc, err, sub);
     }
@@ -243,6 +233,5 @@ int main(void)
 
     unlink(g_path);
     rmdir(g_dir);
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail == 0 ? 0 : 1;
+    return tu_summary();
 }

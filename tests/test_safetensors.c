@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "safetensors.h"
+#include "testutil.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,20 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int g_pass, g_fail;
 static char g_dir[64];
 
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (cond) {                                                          \
-            g_pass++;                                                        \
-        } else {                                                             \
-            g_fail++;                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                      \
-            printf(__VA_ARGS__);                                             \
-            printf("\n");                                                    \
-        }                                                                    \
-    } while (0)
+#define CHECK TU_CHECK
 
 static const char *tpath(const char *name)
 {
@@ -102,9 +92,9 @@ static void expect_fail(int line, const char *what, const char *path, st_status 
     st_status st = st_read(path, &f, err, sizeof err);
     int ok = st == want && strstr(err, sub) != NULL && f.tensors == NULL && f.count == 0;
     if (ok) {
-        g_pass++;
+        tu_passed++;
     } else {
-        g_fail++;
+        tu_failed++;
         printf("FAIL line %d (%s): got %s \"%s\", want %s containing \"%s\"\n", line, what,
                st_status_string(st), err, st_status_string(want), sub);
     }
@@ -631,9 +621,9 @@ static void check_untouched(int line, const char *what, const char *victim)
     int ok = raw && len == 9 && memcmp(raw, "old bytes", 9) == 0 &&
              count_temp_files(g_dir) == 0;
     if (ok) {
-        g_pass++;
+        tu_passed++;
     } else {
-        g_fail++;
+        tu_failed++;
         printf("FAIL line %d (%s): existing file changed or temp file left\n", line, what);
     }
     free(raw);
@@ -647,9 +637,9 @@ static void expect_write_fail(int line, const char *what, const st_tensor *t, in
     char err[512] = "";
     st_status st = st_write(victim, t, n, meta, err, sizeof err);
     if (st == want && strstr(err, sub)) {
-        g_pass++;
+        tu_passed++;
     } else {
-        g_fail++;
+        tu_failed++;
         printf("FAIL line %d (%s): got %s \"%s\", want %s containing \"%s\"\n", line, what,
                st_status_string(st), err, st_status_string(want), sub);
     }
@@ -789,6 +779,5 @@ int main(void)
     test_corrupt();
     test_write_failures();
     remove_dir(g_dir);
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail == 0 ? 0 : 1;
+    return tu_summary();
 }

@@ -36,7 +36,7 @@ namespace {
 #define FMHA_CUDA_BN 64
 #endif
 #ifndef FMHA_CUDA_QK_UNROLL /* head-dim steps of S = Q K^T unrolled together */
-#define FMHA_CUDA_QK_UNROLL 2
+#define FMHA_CUDA_QK_UNROLL 1
 #endif
 constexpr int QK_UNROLL = FMHA_CUDA_QK_UNROLL;
 template <int D> struct tile {

@@ -1,0 +1,375 @@
+"""_api.py — fmha's Python API: attention() and varlen_attention() on padded
+[B, S, H, D] and packed [T, H, D] tensors, and the Attention layer object.
+Every call validates in libfmha (the C library's messages become the
+exceptions' text) and runs on the tensors' own memory, strides included."""
+import contextlib
+import sys
+import threading
+
+import numpy as np
+
+from . import _lib
+from . import _tensors as T
+
+# ------------------------------------------------------------------ dropout seeds
+
+# Dropout in fmha is a pure function of (seed, offset). seed=None draws a fresh
+# 64-bit seed from this generator (offset is always 0), so repeated calls drop
+# different elements; manual_seed() makes that sequence reproducible.
+_seed_lock = threading.Lock()
+_seed_rng = np.random.default_rng()
+
+
+def manual_seed(seed):
+    """Re-seeds the generator that dropout seeds are drawn from when a call
+    passes seed=None (it starts from OS entropy)."""
+    global _seed_rng
+    with _seed_lock:
+        _seed_rng = np.random.default_rng(seed)
+
+
+def _dropout_seed(seed, dropout_p):
+    if not dropout_p:
+        return 0  # no dropout: the seed is not read, and no draw is spent
+    if seed is None:
+        with _seed_lock:
+            return int(_seed_rng.integers(0, 2**64 - 1, endpoint=True, dtype=np.uint64))
+    seed = T.index(seed, "seed")
+    if not 0 <= seed < 2**64:
+        raise ValueError("seed (%d) must be in [0, 2^64)" % seed)
+    return seed
+
+
+# ------------------------------------------------------------------ options
+
+
+_DTYPE_CODES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "float": _lib.DTYPE_F32,
+                "f16": _lib.DTYPE_F16, "float16": _lib.DTYPE_F16, "half": _lib.DTYPE_F16,
+                "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16}
+
+
+def _dtype_code(dtype):
+    """fmha dtype of "bf16"/"f16"/"f32", a numpy dtype (ml_dtypes.bfloat16
+    too) or a torch dtype."""
+    if isinstance(dtype, str):
+        key = dtype.lower()
+    elif type(dtype).__module__.startswith("torch"):
+        key = str(dtype).split(".")[-1]
+    else:
+        try:
+            key = np.dtype(dtype).name
+        except TypeError:
+            key = None
+    if key not in _DTYPE_CODES:
+        raise TypeError("dtype %r is not one of float32, float16, bfloat16" % (dtype,))
+    return _DTYPE_CODES[key]
+
+
+def _device(device):
+    """(fmha device, CUDA device index or None) of "cpu", "cuda", "cuda:N" or
+    a torch.device."""
+    if device is None:
+        return _lib.DEVICE_CPU, None
+    s = str(device)
+    kind, _, idx = s.partition(":")
+    if kind == "cpu" and not idx:
+        return _lib.DEVICE_CPU, None
+    if kind == "cuda":
+        try:
+            return _lib.DEVICE_CUDA, int(idx) if idx else None
+        except ValueError:
+            pass
+    raise ValueError("device %r is not cpu, cuda or cuda:N" % (device,))
+
+
+class _Options:
+    """The per-layer options of fmha_config, checked for type here and for
+    value by libfmha."""
+
+    def __init__(self, causal, softmax_scale, window, softcap, dropout_p):
+        self.causal = bool(causal)
+        if softmax_scale is None:
+            self.softmax_scale = 0.0  # libfmha: 0 selects 1 / sqrt(head_dim)
+        else:
+            self.softmax_scale = float(softmax_scale)
+            if self.softmax_scale == 0.0:
+                raise ValueError("softmax_scale must be > 0; None selects 1/sqrt(head_dim)")
+        if window is None:
+            window = (-1, -1)
+        try:
+            left, right = window
+        except (TypeError, ValueError):
+            raise ValueError("window must be a pair (left, right), -1 = unlimited, got %r"
+                             % (window,)) from None
+        self.window = (T.index(left, "window[0]"), T.index(right, "window[1]"))
+        self.softcap = float(softcap or 0.0)
+        self.dropout_p = float(dropout_p or 0.0)
+
+    def config(self, num_heads, num_kv_heads, head_dim, head_dim_v, dtype, device):
+        cfg = _lib.config_init(num_heads, num_kv_heads, head_dim)
+        cfg.head_dim_v = head_dim_v
+        cfg.dtype = dtype
+        cfg.softmax_scale = self.softmax_scale
+        cfg.causal = int(self.causal)
+        cfg.window_left, cfg.window_right = self.window
+        cfg.softcap = self.softcap
+        cfg.dropout_p = self.dropout_p
+        cfg.device = device
+        return cfg
+
+
+def _cuda_context(v):
+    """Makes v's CUDA device current (libfmha runs on the current device) and
+    yields torch's current stream there; yields None for CPU tensors."""
+    if v.device != "cuda":
+        return contextlib.nullcontext(None)
+
+    @contextlib.contextmanager
+    def ctx():
+        torch = sys.modules["torch"]
+        with torch.cuda.device(v.device_index):
+            yield torch.cuda.current_stream().cuda_stream
+    return ctx()
+
+
+def _device_code(v):
+    return _lib.DEVICE_CUDA if v.device == "cuda" else _lib.DEVICE_CPU
+
+
+# ------------------------------------------------------------------ the forward
+
+
+def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None):
+    """Fills ForwardArgs from views and runs one forward, on `layer` (an
+    _lib.Layer) or one-shot through fmha_forward(cfg)."""
+    a = _lib.ForwardArgs()
+    a.q, a.k, a.v, a.out = q.tensor(), k.tensor(), v.tensor(), out.tensor()
+    a.lse = lse
+    if varlen is not None:
+        (a.cu_seqlens_q, a.cu_seqlens_k, a.varlen_batch, a.max_seqlen_q,
+         a.max_seqlen_k) = varlen
+    a.seed = seed
+    a.offset = 0
+    with _cuda_context(q) as stream:
+        a.stream = stream
+        if layer is not None:
+            layer.forward(a)
+        else:
+            _lib.raise_for_status(_lib.fmha_forward(cfg, a))
+
+
+def _out_view(out, q, shape):
+    if out is None:
+        obj = T.empty(q, shape)
+        return obj, T.view(obj, "out", len(shape), writable=True)
+    ov = T.view(out, "out", len(shape), writable=True)
+    if ov.shape != tuple(shape):
+        raise ValueError("out has shape %s, expected %s" % (list(ov.shape), list(shape)))
+    return out, ov
+
+
+def _answer_empty(cfg, q, out, lse, layer_for):
+    """libfmha takes positive sizes only: an empty problem (no batch, no
+    queries or no keys) is answered here, after the same configuration check,
+    with libfmha's convention for a row that sees no key: out 0, lse -inf."""
+    if layer_for:
+        layer_for(cfg, q)
+    else:
+        _lib.kernel_select(cfg)
+    T.fill(out.obj, 0)
+    if lse is not None:
+        T.fill(lse, -np.inf)
+
+
+def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None):
+    T.check_no_grad(q, k, v)
+    qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
+    T.same_device(qv, kv, vv)
+    B, Sq, H, D = qv.shape
+    Sk, Hkv, Dv = kv.shape[1], kv.shape[2], vv.shape[3]
+    out, ov = _out_view(out, qv, (B, Sq, H, Dv))
+    T.same_device(qv, ov)
+    lse = T.empty(qv, (B, H, Sq), "f32") if return_lse else None
+    cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
+    seed = _dropout_seed(seed, opts.dropout_p)
+    if B == 0 or Sq == 0 or Sk == 0:
+        if kv.shape[0] != B or vv.shape[0] != B or vv.shape[1] != Sk:
+            raise ValueError("batch or seqlen differ: q %s, k %s, v %s"
+                             % (list(qv.shape), list(kv.shape), list(vv.shape)))
+        _answer_empty(cfg, qv, ov, lse, layer_for)
+    else:
+        layer = layer_for(cfg, qv) if layer_for else None
+        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed)
+    return (out, lse) if return_lse else out
+
+
+def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
+            return_lse, seed, layer_for=None):
+    T.check_no_grad(q, k, v)
+    qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
+    T.same_device(qv, kv, vv)
+    Tq, H, D = qv.shape
+    Tk, Hkv, Dv = kv.shape[0], kv.shape[1], vv.shape[2]
+    cuq, cuq_ptr, nq = T.cu_seqlens(cu_seqlens_q, "cu_seqlens_q", qv)
+    cuk, cuk_ptr, nk = T.cu_seqlens(cu_seqlens_k, "cu_seqlens_k", qv)
+    if nq != nk or nq < 2:
+        # libfmha reads batch + 1 entries of both: lengths are checked here.
+        raise ValueError("cu_seqlens_q (%d entries) and cu_seqlens_k (%d entries) must both "
+                         "hold batch + 1 >= 2 entries" % (nq, nk))
+    max_q = 0 if max_seqlen_q is None else T.index(max_seqlen_q, "max_seqlen_q")
+    max_k = 0 if max_seqlen_k is None else T.index(max_seqlen_k, "max_seqlen_k")
+    out, ov = _out_view(out, qv, (Tq, H, Dv))
+    T.same_device(qv, ov)
+    lse = T.empty(qv, (H, Tq), "f32") if return_lse else None
+    cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
+    seed = _dropout_seed(seed, opts.dropout_p)
+    if Tq == 0 or Tk == 0:
+        _answer_empty(cfg, qv, ov, lse, layer_for)
+    else:
+        layer = layer_for(cfg, qv) if layer_for else None
+        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed,
+             varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k))
+        del cuq, cuk  # the index arrays (maybe converted copies) lived through the call
+    return (out, lse) if return_lse else out
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
+              dropout_p=0.0, seed=None, return_lse=False, out=None):
+    """out = softmax(softmax_scale * q k^T + mask) v for a padded batch.
+
+    q [B, Sq, H, D]; k [B, Sk, Hkv, D]; v [B, Sk, Hkv, Dv]; H a multiple of
+    Hkv (GQA/MQA without copies). Any strides, but the last dim contiguous
+    (so BSHD tensors and BHSD views such as x.transpose(1, 2) both work).
+    numpy arrays (float32, float16, ml_dtypes.bfloat16), torch tensors on
+    CPU or CUDA, or anything with __dlpack__.
+
+    causal / window: bottom-right aligned (flash-attn): key j is visible to
+    query i iff i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 =
+    unlimited, causal means right = 0. softcap > 0 turns scores into
+    softcap * tanh(score / softcap). dropout_p drops probabilities with
+    Philox keyed by `seed` (None: drawn, see manual_seed).
+
+    Returns out [B, Sq, H, Dv] (q's dtype, family and device; or `out`,
+    written in place, whose dtype may be any of the three), or (out, lse)
+    with lse [B, H, Sq] float32 (natural log; -inf for rows that see no key).
+    """
+    opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
+    return _padded(q, k, v, opts, out, return_lse, seed)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
+                     dropout_p=0.0, seed=None, return_lse=False, out=None):
+    """attention() for a packed batch of variable-length sequences.
+
+    q [total_q, H, D]; k [total_k, Hkv, D]; v [total_k, Hkv, Dv]; sequence b
+    owns q tokens [cu_seqlens_q[b], cu_seqlens_q[b+1]) and k/v tokens
+    [cu_seqlens_k[b], cu_seqlens_k[b+1]) (int32, batch + 1 entries, empty
+    sequences allowed). max_seqlen_q/k bound the lengths (0 or None: fmha
+    computes them). Masks apply per sequence. Returns out [total_q, H, Dv] or
+    (out, lse) with lse [H, total_q] float32.
+    """
+    opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
+    return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
+                   return_lse, seed)
+
+
+# ------------------------------------------------------------------ the layer
+
+
+class Attention:
+    """An attention layer of a model: its head counts, head size and options
+    are fixed and validated at construction, so a bad GQA shape fails here:
+
+        Attention(28, 128, num_kv_heads=6)
+        ValueError: num_heads (28) must be a multiple of num_kv_heads (6): ...
+
+    libfmha layers (kernel choice and workspace) are built per (dtype,
+    device, value head dim) on first use and reused. `dtype`/`device` given
+    here build that layer at once (and check that the device can run it).
+    """
+
+    def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
+                 dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None):
+        self.num_heads = T.index(num_heads, "num_heads")
+        self.head_size = T.index(head_size, "head_size")
+        self.num_kv_heads = (self.num_heads if num_kv_heads is None
+                             else T.index(num_kv_heads, "num_kv_heads"))
+        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
+        self._layers = {}
+        self._lock = threading.Lock()
+        self._last = None
+        # The shape check, on the configuration that runs anywhere (bf16, CPU).
+        _lib.kernel_select(self._config(_lib.DTYPE_BF16, _lib.DEVICE_CPU, self.head_size))
+        self._default = None
+        if dtype is not None or device is not None:
+            code = _dtype_code(dtype if dtype is not None else "bf16")
+            dev, idx = _device(device)
+            self._default = self._layer(code, dev, idx, self.head_size)
+
+    # options, read-only
+    causal = property(lambda self: self._opts.causal)
+    softmax_scale = property(lambda self: self._opts.softmax_scale or self.head_size ** -0.5)
+    window = property(lambda self: self._opts.window)
+    softcap = property(lambda self: self._opts.softcap)
+    dropout_p = property(lambda self: self._opts.dropout_p)
+
+    def _config(self, dtype, device, head_dim_v):
+        return self._opts.config(self.num_heads, self.num_kv_heads, self.head_size, head_dim_v,
+                                 dtype, device)
+
+    def _layer(self, dtype, device, index, head_dim_v):
+        key = (dtype, device, index, head_dim_v)
+        with self._lock:
+            layer = self._layers.get(key)
+            if layer is None:
+                cfg = self._config(dtype, device, head_dim_v)
+                if device == _lib.DEVICE_CUDA:
+                    torch = T._import_torch()
+                    ctx = (torch.cuda.device(index) if torch is not None and index is not None
+                           else contextlib.nullcontext())
+                else:
+                    ctx = contextlib.nullcontext()
+                with ctx:
+                    layer = _lib.Layer(cfg)
+                self._layers[key] = layer
+            self._last = layer
+            return layer
+
+    def _layer_for(self, cfg, v):
+        return self._layer(cfg.dtype, cfg.device, v.device_index, cfg.head_dim_v)
+
+    @property
+    def kernel(self):
+        """Name of the kernel libfmha runs for this layer (fmha_layer_kernel):
+        the one of the latest forward, else of the dtype/device given at
+        construction, else of bf16 on the CPU."""
+        layer = self._last or self._default
+        if layer is not None:
+            return layer.kernel_name
+        return self.kernel_for()
+
+    def kernel_for(self, dtype="bf16", device="cpu"):
+        """Name of the kernel that would run this layer for `dtype` on `device`."""
+        dev, idx = _device(device)
+        return self._layer(_dtype_code(dtype), dev, idx, self.head_size).kernel_name
+
+    def forward(self, q, k, v, *, out=None, return_lse=False, seed=None):
+        """q [B, Sq, num_heads, head_size], k/v [B, Sk, num_kv_heads, head_size]
+        -> out [B, Sq, num_heads, head_size] (or (out, lse [B, H, Sq]))."""
+        return _padded(q, k, v, self._opts, out, return_lse, seed, self._layer_for)
+
+    __call__ = forward
+
+    def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                       out=None, return_lse=False, seed=None):
+        """Packed q [total_q, H, D], k/v [total_k, Hkv, D] with int32
+        cu_seqlens -> out [total_q, H, D] (or (out, lse [H, total_q]))."""
+        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       self._opts, out, return_lse, seed, self._layer_for)
+
+    def __repr__(self):
+        return ("Attention(num_heads=%d, head_size=%d, num_kv_heads=%d, causal=%s, "
+                "window=%s, softcap=%g, dropout_p=%g)"
+                % (self.num_heads, self.head_size, self.num_kv_heads, self.causal, self.window,
+                   self.softcap, self.dropout_p))

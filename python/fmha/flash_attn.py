@@ -1,0 +1,123 @@
+"""flash_attn.py — drop-in forward-only versions of flash_attn 2.x's
+functions: the same argument names, order, defaults and return conventions,
+so `from fmha.flash_attn import flash_attn_func` can replace
+`from flash_attn import flash_attn_func` in inference code.
+
+Differences from flash_attn:
+- forward only: torch inputs that require grad (with grad enabled) raise
+  NotImplementedError rather than return an output without a gradient;
+- alibi_slopes and block_table (paged KV) raise NotImplementedError;
+- `deterministic` is accepted and ignored (fmha's forward is deterministic);
+- dropout draws its seed from fmha's generator (fmha.manual_seed), not
+  torch's;
+- return_attn_probs=True returns (out, softmax_lse, None): the attention
+  probabilities are never materialised;
+- numpy arrays, float32 and CPU tensors work too.
+"""
+from . import _api
+from ._tensors import as_array
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+           "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_varlen_kvpacked_func"]
+
+
+def _unsupported(alibi_slopes, block_table=None):
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes is not supported by fmha: ALiBi biases are not "
+                                  "implemented; pass alibi_slopes=None")
+    if block_table is not None:
+        raise NotImplementedError("block_table (paged KV cache) is not supported by fmha: pass "
+                                  "contiguous k/v with cu_seqlens_k and block_table=None")
+
+
+def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs):
+    res = _api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window_size,
+                         softcap=softcap, dropout_p=dropout_p, return_lse=return_attn_probs)
+    return (res[0], res[1], None) if return_attn_probs else res
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, return_attn_probs):
+    res = _api.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal=causal, softmax_scale=softmax_scale, window=window_size,
+                                softcap=softcap, dropout_p=dropout_p,
+                                return_lse=return_attn_probs)
+    return (res[0], res[1], None) if return_attn_probs else res
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False):
+    """q [B, Sq, H, D], k/v [B, Sk, Hkv, D] -> out [B, Sq, H, D];
+    with return_attn_probs: (out, softmax_lse [B, H, Sq] float32, None)."""
+    _unsupported(alibi_slopes)
+    return _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                   return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
+    """q [total_q, H, D], k/v [total_k, Hkv, D], int32 cu_seqlens [batch + 1]
+    -> out [total_q, H, D]; with return_attn_probs: (out, softmax_lse
+    [H, total_q] float32, None)."""
+    _unsupported(alibi_slopes, block_table)
+    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                   softmax_scale, causal, window_size, softcap, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """qkv [B, S, 3, H, D] (q, k, v are strided views of it, not copies)."""
+    _unsupported(alibi_slopes)
+    qkv = as_array(qkv, "qkv")
+    _check_packed(qkv, "qkv", 5, 2, 3, "[batch, seqlen, 3, heads, head_dim]")
+    return _padded(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                   window_size, softcap, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """q [B, Sq, H, D], kv [B, Sk, 2, Hkv, D]."""
+    _unsupported(alibi_slopes)
+    kv = as_array(kv, "kv")
+    _check_packed(kv, "kv", 5, 2, 2, "[batch, seqlen, 2, kv_heads, head_dim]")
+    return _padded(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
+                   softcap, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv [total, 3, H, D] with one cu_seqlens for q and k."""
+    _unsupported(alibi_slopes)
+    qkv = as_array(qkv, "qkv")
+    _check_packed(qkv, "qkv", 4, 1, 3, "[total_tokens, 3, heads, head_dim]")
+    return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen,
+                   max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
+                   return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False):
+    """q [total_q, H, D], kv [total_k, 2, Hkv, D]."""
+    _unsupported(alibi_slopes)
+    kv = as_array(kv, "kv")
+    _check_packed(kv, "kv", 4, 1, 2, "[total_tokens, 2, kv_heads, head_dim]")
+    return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
+                   return_attn_probs)
+
+
+def _check_packed(x, name, ndim, axis, n, layout):
+    shape = tuple(x.shape)
+    if len(shape) != ndim or shape[axis] != n:
+        raise ValueError("%s must be %s, got shape %s" % (name, layout, list(shape)))

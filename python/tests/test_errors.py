@@ -1,0 +1,115 @@
+"""Errors: libfmha statuses as Python exceptions with the library's messages,
+argument checks on the Python side, and the ctypes structs against the C
+header's layout."""
+import ctypes
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import fmha
+import reference as ref
+from conftest import ROOT
+from fmha import _lib
+
+
+@pytest.mark.parametrize("status,cls,builtin", [
+    (_lib.STATUS_INVALID_ARGUMENT, fmha.InvalidArgumentError, ValueError),
+    (_lib.STATUS_UNSUPPORTED, fmha.UnsupportedError, NotImplementedError),
+    (_lib.STATUS_OUT_OF_MEMORY, fmha.OutOfMemoryError, MemoryError),
+    (_lib.STATUS_BACKEND_ERROR, fmha.BackendError, RuntimeError),
+])
+def test_status_mapping(status, cls, builtin):
+    _lib.kernel_select(_lib.config_init(8, 8, 64))  # a successful call clears the message
+    with pytest.raises(cls) as e:
+        _lib.raise_for_status(status)
+    assert isinstance(e.value, builtin) and isinstance(e.value, fmha.FmhaError)
+    assert e.value.status == status
+    assert str(e.value) == _lib.fmha_status_string(status).decode()  # no message: the name
+    _lib.raise_for_status(_lib.STATUS_OK)
+
+
+def test_unsupported_dtype_from_the_library():
+    cfg = _lib.config_init(8, 8, 64)
+    cfg.dtype = _lib.DTYPE_F8_E4M3
+    with pytest.raises(NotImplementedError, match="f8_e4m3 attention is not available yet"):
+        _lib.kernel_select(cfg)
+
+
+def test_python_side_argument_errors(rng):
+    q = ref.make(rng, (1, 8, 2, 16), "f32")
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        fmha.attention(q.astype(np.float64), q, q)
+    with pytest.raises(TypeError, match="numpy array, a torch tensor or an object"):
+        fmha.attention(q.tolist(), q, q)
+    with pytest.raises(ValueError, match=r"q must be 4-d \[batch, seqlen, heads, head_dim\]"):
+        fmha.attention(q[0], q, q)
+    # head_dim not contiguous: the message names the fix
+    bad = np.ascontiguousarray(q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    with pytest.raises(ValueError, match=r"k: the last dimension \(head_dim\) must be "
+                                         r"contiguous.*np.ascontiguousarray"):
+        fmha.attention(q, bad, q)
+    with pytest.raises(ValueError, match="negative strides"):
+        fmha.attention(q[:, ::-1], q, q)
+    with pytest.raises(ValueError, match="k.dtype \\(f16\\) differs from the layer's dtype"):
+        fmha.attention(q, q.astype(np.float16), q)
+    with pytest.raises(ValueError, match="window_right \\(-5\\) must be >= -1"):
+        fmha.attention(q, q, q, window=(0, -5))
+    with pytest.raises(ValueError, match="window must be a pair"):
+        fmha.attention(q, q, q, window=3)
+    with pytest.raises(ValueError, match="softmax_scale must be > 0"):
+        fmha.attention(q, q, q, softmax_scale=0.0)
+    with pytest.raises(ValueError, match="seed"):
+        fmha.attention(q, q, q, dropout_p=0.1, seed=-1)
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        fmha.attention(q, np.concatenate([q, q]), np.concatenate([q, q]))
+    with pytest.raises(ValueError, match="v.seqlen \\(4\\) differs from k.seqlen \\(8\\)"):
+        fmha.attention(q, q, q[:, :4])
+
+
+def test_config_init_through_ctypes():
+    cfg = _lib.config_init(32, 8, 128)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim_v) == (32, 8, 128, 128)
+    assert cfg.dtype == _lib.DTYPE_BF16 and cfg.device == _lib.DEVICE_CPU
+    assert (cfg.window_left, cfg.window_right) == (-1, -1)
+    assert cfg.softmax_scale == 0.0 and cfg.softcap == 0.0 and cfg.dropout_p == 0.0
+    assert cfg.causal == 0 and cfg.cpu_isa == _lib.CPU_ISA_AUTO and cfg.num_threads == 0
+
+
+STRUCTS = {"fmha_tensor": _lib.Tensor, "fmha_config": _lib.Config,
+           "fmha_forward_args": _lib.ForwardArgs, "fmha_kernel_info": _lib.KernelInfo}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_struct_layout_matches_the_header(tmp_path):
+    # sizeof and every offsetof, compiled against include/fmha.h
+    header = os.path.join(ROOT, "include", "fmha.h")
+    if not os.path.exists(header):
+        pytest.skip("include/fmha.h is not beside this package")
+    lines = ['#include "fmha.h"', "#include <stddef.h>", "#include <stdio.h>", "int main(void) {"]
+    for cname, py in STRUCTS.items():
+        lines.append('printf("%s %%zu\\n", sizeof(%s));' % (cname, cname))
+        for field, _ in py._fields_:
+            lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));'
+                         % (cname, field, cname, field))
+    lines += ["return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", "-std=c11", "-I", os.path.dirname(header), str(src), "-o", str(exe)],
+                   check=True)
+    c = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                     check=True).stdout.splitlines())
+    for cname, py in STRUCTS.items():
+        assert int(c[cname]) == ctypes.sizeof(py), cname
+        for field, _ in py._fields_:
+            assert int(c["%s.%s" % (cname, field)]) == getattr(py, field).offset, (cname, field)
+
+
+def test_info():
+    info = fmha.info()
+    assert info["cpu_isa"] in ("scalar", "avx2", "avx512")
+    assert os.path.exists(info["library"])
+    assert isinstance(info["cuda_backend"], bool) and isinstance(info["cuda_devices"], list)

@@ -1,0 +1,126 @@
+"""fmha.Attention, the layer object: validation at construction (the GQA
+message), kernel reporting, and forward / forward_varlen against the
+functional API and the reference."""
+import numpy as np
+import pytest
+
+import fmha
+import reference as ref
+
+CPU_KERNELS = {"cpu_scalar_f32", "cpu_avx2_f32", "cpu_avx512_f32", "cpu_avx512_bf16dp"}
+
+
+def test_gqa_message_at_construction():
+    with pytest.raises(ValueError) as e:
+        fmha.Attention(28, 128, num_kv_heads=6)
+    assert str(e.value) == (
+        "num_heads (28) must be a multiple of num_kv_heads (6): each KV head serves an equal "
+        "group of query heads; check num_attention_heads / num_key_value_heads in the model "
+        "config")
+    assert isinstance(e.value, fmha.InvalidArgumentError)
+    assert e.value.status_name == "FMHA_STATUS_INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize("args,message", [
+    ((8, 64, None, False, 16), "num_kv_heads \\(16\\) exceeds num_heads \\(8\\)"),
+    ((0, 64), "num_heads \\(0\\) must be positive"),
+    ((8, 0), "head_dim \\(0\\) must be positive"),
+    ((8, 64, -1.0), "softmax_scale \\(-1\\) must be finite and >= 0"),
+    ((8, 64, None, False, None, 1.0), "dropout_p \\(1\\) must be in \\[0, 1\\)"),
+])
+def test_invalid_configurations(args, message):
+    with pytest.raises(ValueError, match=message):
+        fmha.Attention(*args)
+
+
+def test_invalid_keyword_options():
+    with pytest.raises(ValueError, match="window_left \\(-2\\) must be >= -1"):
+        fmha.Attention(8, 64, window=(-2, 0))
+    with pytest.raises(ValueError, match="softcap \\(-1\\) must be finite"):
+        fmha.Attention(8, 64, softcap=-1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        fmha.Attention(8, 64, dtype="int8")
+    with pytest.raises(ValueError, match="device"):
+        fmha.Attention(8, 64, device="tpu")
+
+
+def test_kernel_reporting(rng):
+    layer = fmha.Attention(4, 32, num_kv_heads=2)
+    assert layer.kernel in CPU_KERNELS  # before any forward: bf16 on the CPU
+    assert layer.kernel_for("f32") in CPU_KERNELS - {"cpu_avx512_bf16dp"}
+    q = ref.make(rng, (1, 8, 4, 32), "f32")
+    k = ref.make(rng, (1, 8, 2, 32), "f32")
+    layer.forward(q, k, k)
+    assert layer.kernel == layer.kernel_for(np.float32)
+    assert fmha.Attention(4, 32, dtype="f16").kernel in CPU_KERNELS
+
+
+def test_forward_matches_attention(rng):
+    layer = fmha.Attention(6, 32, softmax_scale=0.2, causal=True, num_kv_heads=2,
+                           window=(7, -1), softcap=8.0)
+    q = ref.make(rng, (2, 15, 6, 32), "f16", "bhsd")
+    k, v = (ref.make(rng, (2, 19, 2, 32), "f16", "bhsd") for _ in range(2))
+    out, lse = layer.forward(q, k, v, return_lse=True)
+    again = layer(q, k, v)  # __call__ is forward; the cached C layer runs again
+    direct = fmha.attention(q, k, v, causal=True, softmax_scale=0.2, window=(7, -1),
+                            softcap=8.0)
+    np.testing.assert_array_equal(out, again)
+    np.testing.assert_array_equal(out, direct)
+    want, want_lse = ref.attention(q, k, v, causal=True, scale=0.2, window=(7, -1),
+                                   softcap=8.0)
+    ref.assert_close(out, want, "f16")
+    ref.assert_lse(lse, want_lse)
+
+
+def test_forward_dropout(rng):
+    layer = fmha.Attention(2, 16, dropout_p=0.25)
+    q, k, v = (ref.make(rng, (1, 12, 2, 16), "f32") for _ in range(3))
+    a = layer.forward(q, k, v, seed=5)
+    np.testing.assert_array_equal(a, layer.forward(q, k, v, seed=5))
+    ref.assert_close(a, ref.attention(q, k, v, dropout_p=0.25, seed=5)[0], "f32")
+
+
+def test_forward_varlen(rng):
+    layer = fmha.Attention(4, 16, causal=True, num_kv_heads=1)
+    cu_q = np.array([0, 3, 3, 11], dtype=np.int32)
+    cu_k = np.array([0, 5, 7, 9], dtype=np.int32)
+    q = ref.make(rng, (1, 11, 4, 16), "f32")[0]
+    k, v = (ref.make(rng, (1, 9, 1, 16), "f32")[0] for _ in range(2))
+    out, lse = layer.forward_varlen(q, k, v, cu_q, cu_k, 8, 5, return_lse=True)
+    want, want_lse = ref.varlen_attention(q, k, v, cu_q, cu_k, causal=True)
+    ref.assert_close(out, want, "f32")
+    ref.assert_lse(lse, want_lse)
+
+
+def test_forward_shape_errors(rng):
+    layer = fmha.Attention(8, 64)
+    q = ref.make(rng, (1, 4, 4, 64), "f32")
+    with pytest.raises(ValueError, match="q.heads \\(4\\) differs from num_heads \\(8\\)"):
+        layer.forward(q, q, q)
+    q = ref.make(rng, (1, 4, 8, 32), "f32")
+    with pytest.raises(ValueError, match="must equal head_dim \\(64\\)"):
+        layer.forward(q, q, q)
+
+
+def test_cuda_layer_without_a_gpu():
+    if fmha.info()["cuda_devices"]:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(NotImplementedError) as e:
+        fmha.Attention(8, 64, device="cuda")
+    assert isinstance(e.value, fmha.UnsupportedError)
+    assert "use device cpu" in str(e.value)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_every_cpu_isa(rng, monkeypatch, isa):
+    order = ["scalar", "avx2", "avx512"]
+    if order.index(isa) > order.index(fmha.info()["cpu_isa"]):
+        pytest.skip("this CPU lacks " + isa)
+    monkeypatch.setenv("FMHA_CPU_ISA", isa)  # libfmha reads it at each kernel choice
+    layer = fmha.Attention(4, 48, causal=True, num_kv_heads=2, softcap=10.0)
+    for dtype in ["f32", "f16"] + (["bf16"] if ref.BF16 else []):
+        q = ref.make(rng, (2, 21, 4, 48), dtype, "bhsd")
+        k, v = (ref.make(rng, (2, 30, 2, 48), dtype) for _ in range(2))
+        out = layer.forward(q, k, v)
+        assert layer.kernel.startswith("cpu_%s_" % isa)
+        ref.assert_close(out, ref.attention(q, k, v, causal=True, softcap=10.0)[0], dtype)

@@ -1,0 +1,178 @@
+"""torch tensors: on the CPU against the numpy reference, on CUDA (marked
+`gpu`) against torch's scaled_dot_product_attention and fmha's CPU backend.
+Skipped without torch; the GPU tests also without CUDA."""
+import numpy as np
+import pytest
+
+import fmha
+import reference as ref
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def rand(shape, dtype, device="cpu", layout="bshd", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if layout == "bhsd":  # [B, H, S, D] memory seen as [B, S, H, D]
+        b, s, h, d = shape
+        return torch.randn((b, h, s, d), generator=g).to(device, TORCH_DTYPES[dtype]) \
+            .transpose(1, 2)
+    return torch.randn(shape, generator=g).to(device, TORCH_DTYPES[dtype])
+
+
+def f64(t):
+    return t.detach().cpu().to(torch.float64).numpy()
+
+
+# ------------------------------------------------------------------ CPU
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_cpu_tensors(dtype, layout):
+    q = rand((2, 19, 4, 32), dtype, layout=layout, seed=1)
+    k = rand((2, 23, 2, 32), dtype, layout=layout, seed=2)
+    v = rand((2, 23, 2, 32), dtype, layout=layout, seed=3)
+    out, lse = fmha.attention(q, k, v, causal=True, window=(9, -1), return_lse=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == q.dtype and out.device == q.device
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (2, 4, 19)
+    want, want_lse = ref.attention(f64(q), f64(k), f64(v), causal=True, window=(9, -1))
+    ref.assert_close(f64(out), want, dtype)
+    ref.assert_lse(f64(lse), want_lse)
+
+
+def test_cpu_varlen_and_flash_attn():
+    cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    q, k, v = (rand((1, 12, 2, 16), "bf16", seed=s)[0] for s in range(3))
+    out, lse, none = fmha.flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True,
+                                                 return_attn_probs=True)
+    assert none is None and isinstance(out, torch.Tensor) and tuple(lse.shape) == (2, 12)
+    want, want_lse = ref.varlen_attention(f64(q), f64(k), f64(v), cu.numpy(), cu.numpy(),
+                                          causal=True)
+    ref.assert_close(f64(out), want, "bf16")
+    ref.assert_lse(f64(lse), want_lse)
+
+
+def test_cpu_errors():
+    q = rand((1, 8, 2, 16), "f32")
+    with pytest.raises(ValueError, match="contiguous.*\\.contiguous\\(\\)"):
+        fmha.attention(q, q.transpose(2, 3), q)
+    with pytest.raises(TypeError, match="torch.float32, torch.float16 or torch.bfloat16"):
+        fmha.attention(q.double(), q, q)
+    with pytest.raises(NotImplementedError, match="no backward pass"):
+        fmha.attention(q.clone().requires_grad_(), q, q)
+    with torch.no_grad():  # fine without autograd
+        fmha.attention(q.clone().requires_grad_(), q, q)
+
+
+def test_numpy_and_torch_agree():
+    q, k, v = (rand((1, 16, 2, 32), "f16", seed=s) for s in range(3))
+    np.testing.assert_array_equal(fmha.attention(q, k, v).numpy(),
+                                  fmha.attention(q.numpy(), k.numpy(), v.numpy()))
+
+
+# ------------------------------------------------------------------ CUDA
+
+gpu = pytest.mark.gpu
+
+
+def torch_reference(q, k, v, causal=False, window=(-1, -1), scale=None, softcap=0.0):
+    """float32 attention in torch: SDPA with a bottom-right boolean mask, or
+    explicit math when softcap is on (SDPA has no softcap)."""
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    qf = q.float().transpose(1, 2)
+    kf = k.float().repeat_interleave(H // Hkv, dim=2).transpose(1, 2)
+    vf = v.float().repeat_interleave(H // Hkv, dim=2).transpose(1, 2)
+    mask = torch.from_numpy(ref.visible(Sq, Sk, causal, window)).to(q.device)
+    scale = scale or D ** -0.5
+    if softcap:
+        s = qf @ kf.transpose(-1, -2) * scale
+        s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        out = torch.softmax(s, dim=-1) @ vf
+    else:
+        out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
+        s = (qf @ kf.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+    return torch.nan_to_num(out.transpose(1, 2), nan=0.0), lse
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("case", [
+    dict(), dict(causal=True), dict(causal=True, sq=77, sk=200), dict(window=(32, 16)),
+    dict(softcap=30.0, causal=True), dict(scale=0.05, h=8, hkv=2), dict(h=6, hkv=1, d=64),
+    dict(d=256, sq=65, sk=65), dict(d=96, causal=True)])
+def test_cuda_against_sdpa(dtype, layout, case):
+    B, sq, sk = 2, case.get("sq", 130), case.get("sk", 130)
+    h, hkv, d = case.get("h", 4), case.get("hkv", 4), case.get("d", 128)
+    q = rand((B, sq, h, d), dtype, "cuda", layout, seed=1)
+    k = rand((B, sk, hkv, d), dtype, "cuda", layout, seed=2)
+    v = rand((B, sk, hkv, d), dtype, "cuda", layout, seed=3)
+    kw = dict(causal=case.get("causal", False), window=case.get("window", (-1, -1)),
+              softcap=case.get("softcap", 0.0))
+    out, lse = fmha.attention(q, k, v, softmax_scale=case.get("scale"), return_lse=True, **kw)
+    assert out.is_cuda and out.dtype == q.dtype and lse.is_cuda
+    want, want_lse = torch_reference(q, k, v, scale=case.get("scale"), **kw)
+    ref.assert_close(f64(out), f64(want), dtype)
+    ref.assert_lse(f64(lse), f64(want_lse), tol=1e-4)
+
+
+@gpu
+def test_cuda_matches_cpu_backend_with_dropout():
+    # both backends draw the same Philox stream: the same elements are dropped
+    q, k, v = (rand((2, 96, 4, 64), "bf16", "cuda", seed=s) for s in range(3))
+    g = fmha.attention(q, k, v, causal=True, dropout_p=0.2, seed=99)
+    c = fmha.attention(q.cpu(), k.cpu(), v.cpu(), causal=True, dropout_p=0.2, seed=99)
+    ref.assert_close(f64(g), f64(c), "bf16")
+    again = fmha.attention(q, k, v, causal=True, dropout_p=0.2, seed=99)
+    assert torch.equal(g, again)
+    other = fmha.attention(q, k, v, causal=True, dropout_p=0.2, seed=100)
+    assert ref.rel_l2(f64(other), f64(g)) > 0.05
+
+
+@gpu
+def test_cuda_varlen():
+    cu = torch.tensor([0, 100, 100, 357, 400], dtype=torch.int32, device="cuda")
+    q = rand((1, 400, 8, 128), "bf16", "cuda", seed=1)[0]
+    k, v = (rand((1, 400, 2, 128), "bf16", "cuda", seed=s)[0] for s in (2, 3))
+    out, lse = fmha.varlen_attention(q, k, v, cu, cu, 257, 257, causal=True, return_lse=True)
+    c_out, c_lse = fmha.varlen_attention(q.cpu(), k.cpu(), v.cpu(), cu.cpu(), cu.cpu(), 257, 257,
+                                         causal=True, return_lse=True)
+    ref.assert_close(f64(out), f64(c_out), "bf16")
+    ref.assert_lse(f64(lse), f64(c_lse), tol=1e-4)
+    # cu_seqlens given on the host are moved to q's device
+    out2 = fmha.varlen_attention(q, k, v, cu.cpu(), cu.cpu(), 257, 257, causal=True)
+    assert torch.equal(out, out2)
+
+
+@gpu
+def test_cuda_stream_and_layer():
+    layer = fmha.Attention(8, 128, causal=True, num_kv_heads=8)
+    q, k, v = (rand((1, 512, 8, 128), "f16", "cuda", seed=s) for s in range(3))
+    want = layer.forward(q, k, v)
+    assert layer.kernel == "cuda_flash_sm80"
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # runs on the caller's current stream
+        q2, k2, v2 = q * 1, k * 1, v * 1
+        got = layer.forward(q2, k2, v2)
+    s.synchronize()
+    assert torch.equal(got, want)
+    assert fmha.Attention(8, 128, dtype=torch.bfloat16, device="cuda").kernel == \
+        "cuda_flash_sm80"
+
+
+@gpu
+def test_cuda_errors():
+    q = rand((1, 16, 2, 64), "f32", "cuda")
+    with pytest.raises(NotImplementedError, match="f16 or bf16"):
+        fmha.attention(q, q, q)
+    q16 = q.half()
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        fmha.attention(q16, q16.cpu(), q16)

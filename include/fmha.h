@@ -170,7 +170,13 @@ void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
  * high 32 bits of `offset` xor-ed into the key's high word; word (column % 4)
  * of the output keeps the element iff word >= floor(p * 2^32). Rows and
  * columns are positions inside their own sequence, so every backend draws the
- * same mask. */
+ * same mask.
+ *
+ * On a CUDA layer every pointer (tensors, lse, cu_seqlens) is device memory
+ * (host memory is refused), q/k/v are f16 or bf16, head dims are at most 256,
+ * and the call returns once the kernel is queued on `stream`. A packed batch
+ * copies cu_seqlens to the host first, so that they can be validated: one
+ * small synchronous copy per call. */
 typedef struct fmha_forward_args {
     fmha_tensor q, k, v, out;
     float *lse;

@@ -36,11 +36,12 @@ typedef struct task_scratch {
     float *o;      /* output accumulator: [BR][dvp] */
     float *m, *l, *alpha; /* [BR] each */
     int64_t *lo, *hi;     /* [BR] each: the keys each query sees */
+    int64_t *row_pos, *row_head; /* [BR] each: query position and head of each row */
 } task_scratch;
 
 typedef struct layout {
     int64_t dp, dvp;    /* padded head dims */
-    size_t offs[11], per_thread;
+    size_t offs[13], per_thread;
 } layout;
 
 static size_t align64(size_t x)
@@ -53,13 +54,13 @@ static void plan_layout(const fmha_problem *pb, const fmha_cpu_ops *ops, layout 
     L->dp = round_up(pb->d, 2);
     L->dvp = round_up(pb->dv, ops->lanes);
     size_t elem = ops->bf16dp ? 2 : 4;
-    size_t sizes[11] = {
+    size_t sizes[13] = {
         (size_t)L->dp * BR * elem,  (size_t)BC * L->dp * elem, (size_t)BC * L->dvp * elem,
         (size_t)BC * BR * 4,        (size_t)BC * BR * 2,       (size_t)BR * L->dvp * 4,
-        BR * 4, BR * 4, BR * 4, BR * 8, BR * 8,
+        BR * 4, BR * 4, BR * 4, BR * 8, BR * 8, BR * 8, BR * 8,
     };
     size_t off = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 13; i++) {
         L->offs[i] = off;
         off += align64(sizes[i]);
     }
@@ -73,7 +74,8 @@ static task_scratch carve(void *base, const layout *L)
                       (float *)(b + L->offs[3]), (uint16_t *)(b + L->offs[4]),
                       (float *)(b + L->offs[5]), (float *)(b + L->offs[6]),
                       (float *)(b + L->offs[7]), (float *)(b + L->offs[8]),
-                      (int64_t *)(b + L->offs[9]), (int64_t *)(b + L->offs[10])};
+                      (int64_t *)(b + L->offs[9]), (int64_t *)(b + L->offs[10]),
+                      (int64_t *)(b + L->offs[11]), (int64_t *)(b + L->offs[12])};
     return s;
 }
 
@@ -116,10 +118,11 @@ static void prefetch_rows(const fmha_tensor *t, int64_t tb, int64_t s0, int64_t 
     }
 }
 
-/* Q^T of rows [q0, q0 + rows): zero past `rows` and past d. Rows go 16 at a
- * time so that each store fills whole cache lines of Q^T. */
+/* Q^T of the task's rows (s->row_pos/row_head, positions from token q0):
+ * zero past `rows` and past d. Rows go 16 at a time so that each store fills
+ * whole cache lines of Q^T. */
 static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t tb,
-                   int64_t q0, int64_t h, int rows, task_scratch *s)
+                   int64_t q0, int rows, task_scratch *s)
 {
     enum { G = 16 };
     const fmha_tensor *q = &pb->args->q;
@@ -131,7 +134,8 @@ static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout
             const int n = rows - i0 < G ? rows - i0 : G;
             uint16_t *tmp = s->kbuf; /* idle until the first key block: [G][dp] */
             for (int i = 0; i < n; i++) {
-                memcpy(tmp + i * L->dp, row_ptr(q, tb, q0 + i0 + i, h), (size_t)d * 2);
+                memcpy(tmp + i * L->dp,
+                       row_ptr(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]), (size_t)d * 2);
                 if (d < L->dp)
                     tmp[i * L->dp + d] = 0;
             }
@@ -147,27 +151,44 @@ static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout
         const int n = rows - i0 < G ? rows - i0 : G;
         float *tmp = s->kbuf; /* [G][dp] */
         for (int i = 0; i < n; i++)
-            ops->to_f32(tmp + i * L->dp, row_ptr(q, tb, q0 + i0 + i, h), q->dtype, d);
+            ops->to_f32(tmp + i * L->dp, row_ptr(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]),
+                        q->dtype, d);
         for (int64_t c = 0; c < d; c++)
             for (int i = 0; i < n; i++)
                 qt[c * BR + i0 + i] = tmp[i * L->dp + c];
     }
 }
 
-/* Runs one task: `rows` queries starting at q0 of sequence b, head h. */
+/* Query heads packed into one task: a KV head's whole group when it is small,
+ * so that the group shares every packed K/V block (a decode step reads K and
+ * V once per KV head, not once per query head). */
+static int64_t heads_per_task(const fmha_problem *pb)
+{
+    return pb->group <= 16 ? pb->group : 1;
+}
+
+/* Runs one task of sequence b: query positions [t * tq, ...) of the heads
+ * [hg * P, hg * P + P), P = heads_per_task, tq = BR / P. Row r of the task is
+ * position t * tq + r / P of head hg * P + r % P: positions never decrease
+ * with r, so each row's visible keys still move right with r. */
 static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t b,
-                     int64_t h, int64_t t, task_scratch *s)
+                     int64_t hg, int64_t t, task_scratch *s)
 {
     const fmha_forward_args *a = pb->args;
     const fmha_config *cfg = pb->cfg;
     int64_t q0, sq, k0, sk;
     fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
     const int64_t tb = pb->varlen ? 0 : b; /* tensor batch index */
-    const int64_t i0 = t * BR;
-    const int rows = (int)(sq - i0 < BR ? sq - i0 : BR);
-    const int64_t hk = h / pb->group;
+    const int64_t P = heads_per_task(pb), tq = BR / P;
+    const int64_t pos0 = t * tq;
+    const int rows = (int)((sq - pos0 < tq ? sq - pos0 : tq) * P);
+    const int64_t hk = hg * P / pb->group;
+    for (int r = 0; r < rows; r++) {
+        s->row_pos[r] = pos0 + r / P;
+        s->row_head[r] = hg * P + r % P;
+    }
 
-    pack_q(pb, ops, L, tb, q0 + i0, h, rows, s);
+    pack_q(pb, ops, L, tb, q0, rows, s);
     memset(s->o, 0, (size_t)BR * L->dvp * 4);
     for (int i = 0; i < BR; i++) {
         s->m[i] = -INFINITY;
@@ -176,7 +197,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
 
     /* Keys visible to each row; the intervals move right with i. */
     for (int i = 0; i < rows; i++)
-        fmha_visible_range(cfg, i0 + i, sq, sk, &s->lo[i], &s->hi[i]);
+        fmha_visible_range(cfg, s->row_pos[i], sq, sk, &s->lo[i], &s->hi[i]);
     const int64_t lo_first = s->lo[0], hi_first = s->hi[0];
     const int64_t lo_last = s->lo[rows - 1], hi_last = s->hi[rows - 1];
 
@@ -258,8 +279,9 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
             for (int i = ia; i < ib; i++) {
                 for (int j = 0; j < nj; j++) {
                     int64_t col = j0 + j;
-                    fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset, b * pb->heads + h,
-                                                      i0 + i, col);
+                    fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset,
+                                                      b * pb->heads + s->row_head[i],
+                                                      s->row_pos[i], col);
                     float *p = &s->st[j * BR + i];
                     *p = w.v[col & 3] >= pb->drop_threshold ? *p * keep_scale : 0.0f;
                 }
@@ -289,7 +311,8 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
     for (int i = 0; i < rows; i++) {
         const float l = s->l[i];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        char *orow = (char *)out->data + fmha_tensor_offset(out, tb, q0 + i0 + i, h) *
+        const int64_t pos = s->row_pos[i], h = s->row_head[i];
+        char *orow = (char *)out->data + fmha_tensor_offset(out, tb, q0 + pos, h) *
                                              (int64_t)fmha_dtype_size(out->dtype);
         const float *acc = s->o + (int64_t)i * L->dvp;
         if (out->dtype == FMHA_DTYPE_F32) {
@@ -300,8 +323,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
                 fmha_store_f32(orow, out->dtype, c, acc[c] * inv);
         }
         if (a->lse) {
-            int64_t idx = pb->varlen ? h * a->q.seqlen + q0 + i0 + i
-                                     : (b * pb->heads + h) * sq + i0 + i;
+            int64_t idx = pb->varlen ? h * a->q.seqlen + q0 + pos : (b * pb->heads + h) * sq + pos;
             a->lse[idx] = l > 0.0f ? (float)((s->m[i] + log2((double)l)) * 0.6931471805599453)
                                    : -INFINITY;
         }
@@ -315,7 +337,8 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
     layout L;
     plan_layout(pb, ops, &L);
 
-    /* Tasks: (sequence, head, query tile), tile counts prefix-summed over sequences. */
+    /* Tasks: (sequence, head group, query tile), counts prefix-summed over sequences. */
+    const int64_t P = heads_per_task(pb), tq = BR / P, groups = pb->heads / P;
     int64_t *tile_start = malloc(sizeof(int64_t) * (size_t)(pb->batch + 1));
     if (!tile_start)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory planning CPU tasks");
@@ -323,7 +346,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
     for (int64_t b = 0; b < pb->batch; b++) {
         int64_t q0, sq, k0, sk;
         fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
-        tile_start[b + 1] = tile_start[b] + (sq + BR - 1) / BR * pb->heads;
+        tile_start[b + 1] = tile_start[b] + (sq + tq - 1) / tq * groups;
     }
     const int64_t ntasks = tile_start[pb->batch];
 
@@ -361,7 +384,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
                     hi = mid;
             }
             int64_t local = task - tile_start[lo];
-            run_task(pb, ops, &L, lo, local % pb->heads, local / pb->heads, &s);
+            run_task(pb, ops, &L, lo, local % groups, local / groups, &s);
         }
     }
     free(tile_start);

@@ -5,7 +5,11 @@ through ctypes on build/libfmha.so; torch tensors are [B, H, S, D] contiguous
 and fmha reads the same memory as BHSD views. Prints a table of TFLOP/s,
 the ratio to each peer, and fmha's relative L2 error against torch flash.
 
-usage: python3 bench/bench_cuda.py [--lib build/libfmha.so] [--quick] [--out FILE.md]
+usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--out FILE.md]
+
+--package calls fmha through the installed Python package (pip install ./python)
+instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
+same BSHD views.
 """
 import argparse
 import ctypes as C
@@ -77,6 +81,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--no-peers", action="store_true", help="time fmha only (tuning runs)")
+    ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
     opt = ap.parse_args()
 
     lib = C.CDLL(opt.lib)
@@ -113,6 +118,14 @@ def main():
             st = lib.fmha_layer_forward(layer, C.byref(args))
             if st != 0:
                 raise RuntimeError(lib.fmha_last_error().decode())
+
+        if opt.package:
+            import fmha as fmha_py
+            py_layer = fmha_py.Attention(h, d, causal=causal, num_kv_heads=hkv)
+            qv, kv_, vv, ov = (x.transpose(1, 2) for x in (q, k, v, out))
+
+            def run_fmha():
+                py_layer(qv, kv_, vv, out=ov)
 
         def sdpa(backend):
             def fn():

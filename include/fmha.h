@@ -66,7 +66,7 @@ typedef enum fmha_dtype {
     FMHA_DTYPE_F32 = 0,
     FMHA_DTYPE_F16,
     FMHA_DTYPE_BF16,
-    FMHA_DTYPE_F8_E4M3 /* reserved: forward returns FMHA_STATUS_UNSUPPORTED */
+    FMHA_DTYPE_F8_E4M3 /* FP8 E4M3: fmha_quantize_fp8 writes it; attention on it is not available yet */
 } fmha_dtype;
 
 const char *fmha_dtype_name(fmha_dtype dtype); /* "f32", "f16", "bf16", "f8_e4m3" */
@@ -256,6 +256,40 @@ double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64
  * returns 1 if element (seq, head, row, col) is kept with probability 1 - p. */
 int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
                       int64_t head, int64_t row, int64_t col, double p);
+
+/* -------------------------------------------------------------------- FP8 */
+
+/* How fmha_quantize_fp8 groups elements under one scale. */
+typedef enum fmha_fp8_scaling {
+    FMHA_FP8_PER_TENSOR = 0, /* one scale for the whole tensor: scales[1] */
+    FMHA_FP8_PER_HEAD,       /* one per (batch, head): scales [batch, heads] */
+    FMHA_FP8_PER_BLOCK       /* one per (batch, head, block of block_rows tokens):
+                                scales [batch, heads, ceil(seqlen / block_rows)] */
+} fmha_fp8_scaling;
+
+/* FP8 E4M3 (OCP E4M3FN: bias 7, 3 mantissa bits, no infinities, max finite
+ * ±448 = 0x7E/0xFE, NaN = 0x7F/0xFF). Encoding rounds to nearest even, into
+ * the subnormals too (smallest 2^-9); magnitudes above 448, infinities
+ * included, saturate to ±448; NaN gives 0x7F or 0xFF by its sign; -0 gives
+ * 0x80. Decoding is exact (0x7F/0xFF decode to NaN). */
+uint8_t fmha_f32_to_e4m3(float x);
+float fmha_e4m3_to_f32(uint8_t x);
+
+/* Quantizes x to FP8 E4M3 codes with one float scale per group, on the CPU.
+ *   x      [batch, seqlen, heads, head_dim] f32, f16 or bf16 (any strides, stride_dim 1)
+ *   y      [batch, seqlen, heads, head_dim] f8_e4m3, same shape, its own strides
+ *   scales contiguous f32, laid out as `scaling` says (fmha_fp8_scaling)
+ *   block_rows tokens per block for FMHA_FP8_PER_BLOCK (the last block may be
+ *          shorter); ignored otherwise.
+ * Per group: amax = max |x| (NaN elements ignored), scale = amax / 448.0f in
+ * float (1 if that is 0, e.g. an all-zero group), y = fmha_f32_to_e4m3(x / scale)
+ * with a float division; x ≈ fmha_e4m3_to_f32(y) * scale. This is the
+ * definition: other backends' quantizers match it bit for bit.
+ * Infinite elements of x are INVALID_ARGUMENT (the message names the first,
+ * in (batch, token, head, dim) order); NaN elements stay NaN. Every argument
+ * is validated before anything is written. */
+fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scales,
+                              fmha_fp8_scaling scaling, int64_t block_rows);
 
 #ifdef __cplusplus
 }

@@ -45,6 +45,10 @@ typedef struct fmha_problem {
     double drop_rescale;    /* 1 / (1 - p) */
 } fmha_problem;
 
+/* Checks one tensor view's own consistency: data, dtype, dims, strides and
+ * the extent it spans; `name` labels the messages. */
+fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name);
+
 /* Validates cfg + args (the one place this happens) and fills `pb`. */
 fmha_status fmha_validate_config(const fmha_config *cfg);
 fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,

@@ -69,8 +69,7 @@ static int add_overflows(int64_t a, int64_t b, int64_t *r)
     return __builtin_add_overflow(a, b, r);
 }
 
-/* Checks one tensor's own consistency: dims, strides, the extent it spans. */
-static fmha_status check_tensor(const fmha_tensor *t, const char *name)
+fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
 {
     if (!t->data)
         return INVALID("%s.data is NULL", name);
@@ -138,7 +137,7 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
     const fmha_tensor *ts[4] = {&a->q, &a->k, &a->v, &a->out};
     const char *names[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; i++)
-        if ((st = check_tensor(ts[i], names[i])) != FMHA_STATUS_OK)
+        if ((st = fmha_validate_tensor(ts[i], names[i])) != FMHA_STATUS_OK)
             return st;
 
     for (int i = 0; i < 3; i++)

@@ -1,0 +1,193 @@
+/* fp8.c — FP8 E4M3 (OCP E4M3FN) element conversions and the CPU quantizer:
+ * f32/f16/bf16 tensors to E4M3 codes plus one float scale per group. This
+ * file is the definition; every other backend's quantizer must match it bit
+ * for bit. */
+#include "internal.h"
+
+#include <math.h>
+
+#define INVALID(...) fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+
+/* ------------------------------------------------------------ conversions */
+
+uint8_t fmha_f32_to_e4m3(float x)
+{
+    uint32_t u = fmha_f32_to_bits(x);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) /* NaN */
+        return (uint8_t)(sign | 0x7fu);
+    if (a >= 0x43e00000u) /* >= 448 (inf too): E4M3FN has no infinity, so saturate */
+        return (uint8_t)(sign | 0x7eu);
+    if (a >= 0x3c800000u) { /* >= 2^-6, normal: keep 3 of 23 mantissa bits, ties to even */
+        uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+        return (uint8_t)(sign | ((r >> 20) - (120u << 3))); /* rebias 127 -> 7 */
+    }
+    /* Subnormal code m is m * 2^-9, so round |x| * 2^9 = man * 2^(e - 141) to
+     * an integer, ties to even (m = 8 carries into the smallest normal, 0x08).
+     * Integer arithmetic keeps this independent of the FPU rounding mode. */
+    uint32_t e = a >> 23;
+    uint32_t man = e ? (a & 0x7fffffu) | 0x800000u : a;
+    uint32_t shift = 141u - (e ? e : 1u); /* >= 21 here */
+    if (shift > 24) /* man < 2^24 <= half: below 2^-10 */
+        return sign;
+    uint32_t q = man >> shift, rem = man & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    q += rem > half || (rem == half && (q & 1u));
+    return (uint8_t)(sign | q);
+}
+
+float fmha_e4m3_to_f32(uint8_t x)
+{
+    uint32_t sign = (uint32_t)(x & 0x80u) << 24;
+    uint32_t e = (x >> 3) & 0xfu, m = x & 7u;
+    if ((x & 0x7fu) == 0x7fu)
+        return fmha_bits_to_f32(sign | 0x7fc00000u);
+    if (e == 0) { /* zero or subnormal: exact as a float */
+        float f = (float)m * 0x1p-9f;
+        return sign ? -f : f;
+    }
+    return fmha_bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+/* --------------------------------------------------------------- quantizer */
+
+/* The rows (b, s, h) of one scaling group: [b0, b1) x [s0, s1) x [h0, h1). */
+typedef struct fp8_group {
+    int64_t b0, b1, s0, s1, h0, h1;
+} fp8_group;
+
+static const char *row_of(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    const int64_t es = (int64_t)fmha_dtype_size(t->dtype);
+    return (const char *)t->data + fmha_tensor_offset(t, b, s, h) * es;
+}
+
+/* The first infinite element in (batch, token, head, dim) order, if any. */
+static int find_inf(const fmha_tensor *x, int64_t at[4])
+{
+    for (int64_t b = 0; b < x->batch; b++)
+        for (int64_t s = 0; s < x->seqlen; s++)
+            for (int64_t h = 0; h < x->heads; h++) {
+                const char *row = row_of(x, b, s, h);
+                for (int64_t c = 0; c < x->head_dim; c++)
+                    if (isinf(fmha_load_f32(row, x->dtype, c))) {
+                        at[0] = b, at[1] = s, at[2] = h, at[3] = c;
+                        return 1;
+                    }
+            }
+    return 0;
+}
+
+static float group_amax(const fmha_tensor *x, const fp8_group *g)
+{
+    float amax = 0.0f;
+    for (int64_t b = g->b0; b < g->b1; b++)
+        for (int64_t s = g->s0; s < g->s1; s++)
+            for (int64_t h = g->h0; h < g->h1; h++) {
+                const char *row = row_of(x, b, s, h);
+                for (int64_t c = 0; c < x->head_dim; c++) {
+                    float v = fabsf(fmha_load_f32(row, x->dtype, c));
+                    if (v > amax) /* NaN compares false: ignored */
+                        amax = v;
+                }
+            }
+    return amax;
+}
+
+static void group_quantize(const fmha_tensor *x, const fmha_tensor *y, const fp8_group *g,
+                           float scale)
+{
+    for (int64_t b = g->b0; b < g->b1; b++)
+        for (int64_t s = g->s0; s < g->s1; s++)
+            for (int64_t h = g->h0; h < g->h1; h++) {
+                const char *xrow = row_of(x, b, s, h);
+                uint8_t *yrow = (uint8_t *)y->data + fmha_tensor_offset(y, b, s, h);
+                for (int64_t c = 0; c < x->head_dim; c++) {
+                    float v = fmha_load_f32(xrow, x->dtype, c);
+                    yrow[c] = fmha_f32_to_e4m3(isnan(v) ? v : v / scale);
+                }
+            }
+}
+
+/* The definition every backend reproduces bit for bit:
+ *   amax  = max |x| over the group in float, NaN elements ignored;
+ *   scale = amax / 448.0f, an IEEE float division; 1 when that is 0 (an
+ *           all-zero or all-NaN group, or amax so small the quotient underflows);
+ *   y     = fmha_f32_to_e4m3(x / scale), again a correctly rounded float
+ *           division: no reciprocal multiply, no fast-math, subnormals kept
+ *           (CUDA: no -ftz / --use_fast_math, plain '/' or __fdiv_rn);
+ *           a NaN x skips the division and keeps its own sign (0x7F / 0xFF),
+ *           since GPUs return a canonical positive NaN from NaN / scale. */
+fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scales,
+                              fmha_fp8_scaling scaling, int64_t block_rows)
+{
+    fmha_clear_error();
+    if (!x)
+        return INVALID("x is NULL");
+    if (!y)
+        return INVALID("y is NULL");
+    if (!scales)
+        return INVALID("scales is NULL");
+    fmha_status st;
+    if ((st = fmha_validate_tensor(x, "x")) != FMHA_STATUS_OK ||
+        (st = fmha_validate_tensor(y, "y")) != FMHA_STATUS_OK)
+        return st;
+    if (x->dtype != FMHA_DTYPE_F32 && x->dtype != FMHA_DTYPE_F16 && x->dtype != FMHA_DTYPE_BF16)
+        return INVALID("x.dtype (%s) must be f32, f16 or bf16", fmha_dtype_name(x->dtype));
+    if (y->dtype != FMHA_DTYPE_F8_E4M3)
+        return INVALID("y.dtype (%s) must be f8_e4m3", fmha_dtype_name(y->dtype));
+    if (x->batch != y->batch || x->seqlen != y->seqlen || x->heads != y->heads ||
+        x->head_dim != y->head_dim)
+        return INVALID("y's shape [%lld, %lld, %lld, %lld] differs from x's [%lld, %lld, %lld, "
+                       "%lld]: y holds one code per element of x",
+                       (long long)y->batch, (long long)y->seqlen, (long long)y->heads,
+                       (long long)y->head_dim, (long long)x->batch, (long long)x->seqlen,
+                       (long long)x->heads, (long long)x->head_dim);
+
+    /* Groups: nb x nh x nblk, each spanning bw batches, hw heads, rows tokens. */
+    int64_t nb = x->batch, nh = x->heads, nblk = 1, bw = 1, hw = 1, rows = x->seqlen;
+    switch (scaling) {
+    case FMHA_FP8_PER_TENSOR:
+        nb = nh = 1;
+        bw = x->batch;
+        hw = x->heads;
+        break;
+    case FMHA_FP8_PER_HEAD: break;
+    case FMHA_FP8_PER_BLOCK:
+        if (block_rows <= 0)
+            return INVALID("block_rows (%lld) must be positive for FMHA_FP8_PER_BLOCK",
+                           (long long)block_rows);
+        rows = block_rows;
+        nblk = x->seqlen / block_rows + (x->seqlen % block_rows != 0);
+        break;
+    default: return INVALID("scaling (%d) is not a fmha_fp8_scaling value", (int)scaling);
+    }
+    int64_t ngroups;
+    if (__builtin_mul_overflow(nb, nh, &ngroups) ||
+        __builtin_mul_overflow(ngroups, nblk, &ngroups) ||
+        ngroups > INT64_MAX / (int64_t)sizeof(float))
+        return INVALID("%lld x %lld x %lld scales: the byte size overflows int64", (long long)nb,
+                       (long long)nh, (long long)nblk);
+
+    /* An infinity would make amax, and so every code of its group, meaningless. */
+    int64_t at[4];
+    if (find_inf(x, at))
+        return INVALID("x[%lld, %lld, %lld, %lld] is infinite: FP8 scaling needs finite inputs "
+                       "(NaN is allowed and stays NaN)",
+                       (long long)at[0], (long long)at[1], (long long)at[2], (long long)at[3]);
+
+    for (int64_t gb = 0; gb < nb; gb++)
+        for (int64_t gh = 0; gh < nh; gh++)
+            for (int64_t k = 0; k < nblk; k++) {
+                int64_t s0 = k * rows;
+                fp8_group g = {gb * bw, gb * bw + bw,
+                               s0,      rows >= x->seqlen - s0 ? x->seqlen : s0 + rows,
+                               gh * hw, gh * hw + hw};
+                float scale = group_amax(x, &g) / 448.0f;
+                if (scale == 0.0f)
+                    scale = 1.0f;
+                scales[(gb * nh + gh) * nblk + k] = scale;
+                group_quantize(x, y, &g, scale);
+            }
+    return FMHA_STATUS_OK;
+}

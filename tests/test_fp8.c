@@ -3,6 +3,7 @@
  * fmha_quantize_fp8 against scales and codes recomputed here: every scaling,
  * input dtype and layout, padded outputs, degenerate groups, and every
  * argument check leaving y and scales untouched. */
+#include "internal.h"
 #include "testutil.h"
 
 #include <float.h>
@@ -47,19 +48,6 @@ static uint8_t ref_encode(float x)
     return (uint8_t)(sign | best);
 }
 
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 /* Compares the encoder with the reference on x and -x; returns mismatches. */
 static int enc_mismatches(float x, int verbose)
@@ -71,7 +59,7 @@ static int enc_mismatches(float x, int verbose)
         if (got != want) {
             if (verbose && bad == 0)
                 fprintf(stderr, "  e4m3(%a = 0x%08x) = 0x%02x, want 0x%02x\n", (double)v,
-                        (unsigned)f32_bits(v), got, want);
+                        (unsigned)fmha_f32_to_bits(v), got, want);
             bad++;
         }
     }
@@ -127,8 +115,8 @@ static void test_encode_fixed(void)
         TU_CHECK(got == cases[i].code, "e4m3(%a) = 0x%02x, want 0x%02x", (double)cases[i].x, got,
                  cases[i].code);
     }
-    float nan_pos = bits_f32(0x7fc00000u), nan_neg = bits_f32(0xffc00000u);
-    float snan_neg = bits_f32(0xff800001u);
+    float nan_pos = fmha_bits_to_f32(0x7fc00000u), nan_neg = fmha_bits_to_f32(0xffc00000u);
+    float snan_neg = fmha_bits_to_f32(0xff800001u);
     TU_CHECK(fmha_f32_to_e4m3(nan_pos) == 0x7F, "+NaN must give 0x7F");
     TU_CHECK(fmha_f32_to_e4m3(nan_neg) == 0xFF, "-NaN must give 0xFF");
     TU_CHECK(fmha_f32_to_e4m3(snan_neg) == 0xFF, "-sNaN must give 0xFF");
@@ -162,7 +150,7 @@ static void test_encode_vs_reference(void)
     for (int i = 0; i < per; i++) {
         bad += enc_mismatches((float)(tu_uniform(&r) * 1200.0 - 600.0), bad == 0);
         bad += enc_mismatches((float)exp2(tu_uniform(&r) * 24.0 - 14.0), bad == 0);
-        bad += enc_mismatches(bits_f32((uint32_t)tu_next(&r)), bad == 0);
+        bad += enc_mismatches(fmha_bits_to_f32((uint32_t)tu_next(&r)), bad == 0);
     }
     TU_CHECK(bad == 0, "%d of %d random values differ from the reference", bad, 6 * per + 254);
 }
@@ -218,7 +206,7 @@ static int quant_mismatches(const tu_tensor *x, const tu_tensor *y, const float 
         want[g] = (float)amax[g] / 448.0f;
         if (want[g] == 0.0f)
             want[g] = 1.0f;
-        if (f32_bits(want[g]) != f32_bits(scales[g]) && bad++ == 0)
+        if (fmha_f32_to_bits(want[g]) != fmha_f32_to_bits(scales[g]) && bad++ == 0)
             fprintf(stderr, "  scale[%lld] = %a, want %a\n", (long long)g, (double)scales[g],
                     (double)want[g]);
     }

@@ -5,6 +5,7 @@
  * config defaults, bf16/f16 conversions, kernel choice and layer reuse. */
 #define _GNU_SOURCE /* setenv, fork */
 
+#include "internal.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -781,19 +782,6 @@ static void test_defaults_and_views(void)
 
 /* ------------------------------------------------------------ conversions */
 
-static float bits_f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t f_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
 
 /* The f16 value of bits h, decoded independently of the library. */
 static double f16_value(uint16_t h)
@@ -809,7 +797,7 @@ static void test_conversions(void)
     int bad_bf = 0, bad_f16 = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         float f = fmha_bf16_to_f32((uint16_t)h);
-        if (f_bits(f) != h << 16)
+        if (fmha_f32_to_bits(f) != h << 16)
             bad_bf++;
         uint16_t back = fmha_f32_to_bf16(f);
         if (isnan(f) ? !isnan(fmha_bf16_to_f32(back)) : back != h)
@@ -840,15 +828,15 @@ static void test_conversions(void)
         {0x00018000, 0x0002}, {0x00008000, 0x0000}, {0x00008001, 0x0001},
     };
     for (size_t i = 0; i < sizeof bf / sizeof bf[0]; i++) {
-        uint16_t got = fmha_f32_to_bf16(bits_f(bf[i].in));
+        uint16_t got = fmha_f32_to_bf16(fmha_bits_to_f32(bf[i].in));
         TU_CHECK(got == bf[i].out, "bf16(0x%08x) = 0x%04x, want 0x%04x", bf[i].in, got, bf[i].out);
     }
     const uint32_t nans[] = {0x7FC00000, 0x7F800001, 0x7F80FFFF, 0xFF800001, 0x7FFFFFFF};
     for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-        uint16_t g = fmha_f32_to_bf16(bits_f(nans[i]));
+        uint16_t g = fmha_f32_to_bf16(fmha_bits_to_f32(nans[i]));
         TU_CHECK(isnan(fmha_bf16_to_f32(g)) && (g >> 15) == (nans[i] >> 31),
                  "bf16(NaN 0x%08x) = 0x%04x is not a NaN of the same sign", nans[i], g);
-        uint16_t h = fmha_f32_to_f16(bits_f(nans[i]));
+        uint16_t h = fmha_f32_to_f16(fmha_bits_to_f32(nans[i]));
         TU_CHECK(isnan(f16_value(h)) && (h >> 15) == (nans[i] >> 31),
                  "f16(NaN 0x%08x) = 0x%04x is not a NaN of the same sign", nans[i], h);
     }
@@ -896,7 +884,7 @@ static void test_conversions(void)
         uint32_t u = (uint32_t)tu_next(&r);
         if (i & 1) /* mostly f16's range, exponents 2^-26 .. 2^17 */
             u = (u & 0x807FFFFFu) | ((uint32_t)(101 + tu_range(&r, 43)) << 23);
-        float x = bits_f(u);
+        float x = fmha_bits_to_f32(u);
         if (isnan(x))
             continue;
         uint16_t h = fmha_f32_to_f16(x);

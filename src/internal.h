@@ -78,10 +78,18 @@ static inline void fmha_visible_range(const fmha_config *cfg, int64_t i, int64_t
     fmha_mask_range(cfg->causal, cfg->window_left, cfg->window_right, i, sq, sk, lo, hi);
 }
 
-/* Pointer to element (b, s, h, 0) of a tensor; the offset is in elements. */
+/* Offset of element (b, s, h, 0) of a tensor, in elements. */
 static inline int64_t fmha_tensor_offset(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     return b * t->stride_batch + s * t->stride_seq + h * t->stride_head;
+}
+
+/* Address of row (b, s, h) of a validated tensor (inline: backends call it
+ * for every row they touch). */
+static inline char *fmha_row(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    const int64_t bytes = t->dtype == FMHA_DTYPE_F32 ? 4 : t->dtype == FMHA_DTYPE_F8_E4M3 ? 1 : 2;
+    return (char *)t->data + fmha_tensor_offset(t, b, s, h) * bytes;
 }
 
 /* ---------------------------------------------------------- conversions */

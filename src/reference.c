@@ -33,17 +33,13 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
         for (int64_t h = 0; h < pb.heads; h++) {
             const int64_t hk = h / pb.group; /* the KV head serving this query head */
             for (int64_t i = 0; i < sq; i++) {
-                const char *qrow = (const char *)a->q.data +
-                                   fmha_tensor_offset(&a->q, tb, q0 + i, h) *
-                                       (int64_t)fmha_dtype_size(a->q.dtype);
+                const char *qrow = fmha_row(&a->q, tb, q0 + i, h);
                 int64_t lo, hi;
                 fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
 
                 double m = -INFINITY;
                 for (int64_t j = lo; j < hi; j++) {
-                    const char *krow = (const char *)a->k.data +
-                                       fmha_tensor_offset(&a->k, tb, k0 + j, hk) *
-                                           (int64_t)fmha_dtype_size(a->k.dtype);
+                    const char *krow = fmha_row(&a->k, tb, k0 + j, hk);
                     double s = 0.0;
                     for (int64_t c = 0; c < d; c++)
                         s += (double)fmha_load_f32(qrow, a->q.dtype, c) *
@@ -69,15 +65,12 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                             continue;
                         p *= pb.drop_rescale;
                     }
-                    const char *vrow = (const char *)a->v.data +
-                                       fmha_tensor_offset(&a->v, tb, k0 + j, hk) *
-                                           (int64_t)fmha_dtype_size(a->v.dtype);
+                    const char *vrow = fmha_row(&a->v, tb, k0 + j, hk);
                     for (int64_t c = 0; c < dv; c++)
                         acc[c] += p * (double)fmha_load_f32(vrow, a->v.dtype, c);
                 }
 
-                char *orow = (char *)a->out.data + fmha_tensor_offset(&a->out, tb, q0 + i, h) *
-                                                       (int64_t)fmha_dtype_size(a->out.dtype);
+                char *orow = fmha_row(&a->out, tb, q0 + i, h);
                 for (int64_t c = 0; c < dv; c++)
                     fmha_store_f32(orow, a->out.dtype, c, l > 0.0 ? (float)(acc[c] / l) : 0.0f);
                 if (a->lse) {

@@ -3,60 +3,34 @@
  * the dropout mask compared bit for bit with the CPU's, and host pointers
  * refused. Exits 77 (ctest: skipped) where there is no CUDA device. */
 #include "cases.h"
+#include "devmem.h"
 #include "testutil.h"
 
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
-static size_t tensor_bytes(const fmha_tensor *t)
-{
-    int64_t extent = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
-                     (t->heads - 1) * t->stride_head + t->head_dim;
-    return (size_t)extent * fmha_dtype_size(t->dtype);
-}
-
 static cudaStream_t stream;
 
-/* Copies every buffer (poisoned outputs included) to the GPU, runs there on
- * a stream of its own, and copies out and lse back. */
+/* Copies every buffer (poisoned outputs included) to the GPU through the
+ * CLI's device copies (tools/devmem.c), runs there on a stream of its own, and
+ * copies out and lse back. */
 static fmha_status run_cuda(const fmha_config *cfg, const fmha_forward_args *h)
 {
-    fmha_forward_args d = *h;
-    const int64_t nlse = h->cu_seqlens_q ? h->q.heads * h->q.seqlen
-                                         : h->q.batch * h->q.heads * h->q.seqlen;
-    const int64_t ncu = h->cu_seqlens_q ? h->varlen_batch + 1 : 0;
-    const void *src[7] = {h->q.data, h->k.data, h->v.data, h->out.data, h->lse,
-                          h->cu_seqlens_q, h->cu_seqlens_k};
-    size_t bytes[7] = {tensor_bytes(&h->q), tensor_bytes(&h->k), tensor_bytes(&h->v),
-                       tensor_bytes(&h->out), (size_t)nlse * 4, (size_t)ncu * 4, (size_t)ncu * 4};
-    void *dev[7] = {0};
-    for (int i = 0; i < 7; i++)
-        if (src[i]) {
-            if (cudaMalloc(&dev[i], bytes[i]) != cudaSuccess ||
-                cudaMemcpy(dev[i], src[i], bytes[i], cudaMemcpyHostToDevice) != cudaSuccess) {
-                fprintf(stderr, "cuda copy failed\n");
-                exit(1);
-            }
-        }
-    d.q.data = dev[0];
-    d.k.data = dev[1];
-    d.v.data = dev[2];
-    d.out.data = dev[3];
-    d.lse = dev[4];
-    d.cu_seqlens_q = dev[5];
-    d.cu_seqlens_k = dev[6];
-    d.stream = stream;
-    fmha_status st = fmha_forward(cfg, &d);
+    fmha_forward_args on_stream = *h;
+    on_stream.stream = stream;
+    dev_args d;
+    char err[256];
+    if (dev_args_upload(&d, &on_stream, FMHA_DEVICE_CUDA, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    fmha_status st = fmha_forward(cfg, &d.a);
     cudaError_t e = cudaStreamSynchronize(stream);
     TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
-    if (st == FMHA_STATUS_OK) {
-        cudaMemcpy(h->out.data, dev[3], bytes[3], cudaMemcpyDeviceToHost);
-        if (h->lse)
-            cudaMemcpy(h->lse, dev[4], bytes[4], cudaMemcpyDeviceToHost);
-    }
-    for (int i = 0; i < 7; i++)
-        cudaFree(dev[i]);
+    if (st == FMHA_STATUS_OK && dev_args_download(&d, h, err, sizeof err))
+        TU_CHECK(0, "%s", err);
+    dev_args_free(&d);
     return st;
 }
 

@@ -119,14 +119,12 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
         for (int64_t h = 0; h < pb.heads; h++) {
             const int64_t hk = h / pb.group;
             for (int64_t i = 0; i < sq; i++) {
-                const char *qr = (const char *)a->q.data +
-                                 fmha_tensor_offset(&a->q, tb, q0 + i, h) * (int64_t)fmha_dtype_size(a->q.dtype);
+                const char *qr = fmha_row(&a->q, tb, q0 + i, h);
                 int64_t lo, hi;
                 fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
                 float m = -INFINITY;
                 for (int64_t j = lo; j < hi; j++) {
-                    const char *kr = (const char *)a->k.data +
-                                     fmha_tensor_offset(&a->k, tb, k0 + j, hk) * (int64_t)fmha_dtype_size(a->k.dtype);
+                    const char *kr = fmha_row(&a->k, tb, k0 + j, hk);
                     float s = 0;
                     for (int64_t c = 0; c < pb.d; c++)
                         s += fmha_load_f32(qr, a->q.dtype, c) * fmha_load_f32(kr, a->k.dtype, c);
@@ -152,13 +150,11 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                         p = fmha_bf16_to_f32(fmha_f32_to_bf16(p));
                     else if (p_dtype == FMHA_DTYPE_F16)
                         p = fmha_f16_to_f32(fmha_f32_to_f16(p));
-                    const char *vr = (const char *)a->v.data +
-                                     fmha_tensor_offset(&a->v, tb, k0 + j, hk) * (int64_t)fmha_dtype_size(a->v.dtype);
+                    const char *vr = fmha_row(&a->v, tb, k0 + j, hk);
                     for (int64_t c = 0; c < pb.dv; c++)
                         acc[c] += p * fmha_load_f32(vr, a->v.dtype, c);
                 }
-                char *orow = (char *)a->out.data +
-                             fmha_tensor_offset(&a->out, tb, q0 + i, h) * (int64_t)fmha_dtype_size(a->out.dtype);
+                char *orow = fmha_row(&a->out, tb, q0 + i, h);
                 for (int64_t c = 0; c < pb.dv; c++)
                     fmha_store_f32(orow, a->out.dtype, c, l > 0 ? acc[c] / l : 0.0f);
                 if (a->lse) {

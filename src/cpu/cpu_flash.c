@@ -100,11 +100,6 @@ static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
     return FMHA_STATUS_OK;
 }
 
-static const char *row_ptr(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
-{
-    return (const char *)t->data + fmha_tensor_offset(t, b, s, h) * (int64_t)fmha_dtype_size(t->dtype);
-}
-
 /* The next block's rows head for L2 while this one computes: rows of a head
  * sit a whole token apart, too far for the hardware prefetcher. K and V go
  * in two halves so that fewer requests are in flight at once. */
@@ -112,7 +107,7 @@ static void prefetch_rows(const fmha_tensor *t, int64_t tb, int64_t s0, int64_t 
                           int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
-        const char *r = row_ptr(t, tb, s0 + j, h);
+        const char *r = fmha_row(t, tb, s0 + j, h);
         for (int64_t byte = 0; byte < bytes; byte += 64)
             __builtin_prefetch(r + byte, 0, 2);
     }
@@ -135,7 +130,7 @@ static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout
             uint16_t *tmp = s->kbuf; /* idle until the first key block: [G][dp] */
             for (int i = 0; i < n; i++) {
                 memcpy(tmp + i * L->dp,
-                       row_ptr(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]), (size_t)d * 2);
+                       fmha_row(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]), (size_t)d * 2);
                 if (d < L->dp)
                     tmp[i * L->dp + d] = 0;
             }
@@ -151,7 +146,7 @@ static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout
         const int n = rows - i0 < G ? rows - i0 : G;
         float *tmp = s->kbuf; /* [G][dp] */
         for (int i = 0; i < n; i++)
-            ops->to_f32(tmp + i * L->dp, row_ptr(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]),
+            ops->to_f32(tmp + i * L->dp, fmha_row(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]),
                         q->dtype, d);
         for (int64_t c = 0; c < d; c++)
             for (int i = 0; i < n; i++)
@@ -238,14 +233,14 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         if (ops->bf16dp) {
             uint16_t *kb = s->kbuf;
             for (int j = 0; j < nj; j++) {
-                memcpy(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), (size_t)pb->d * 2);
+                memcpy(kb + j * L->dp, fmha_row(&a->k, tb, k0 + j0 + j, hk), (size_t)pb->d * 2);
                 if (pb->d < L->dp) /* odd head dim: the pair's second half is 0 */
                     kb[j * L->dp + pb->d] = 0;
             }
         } else {
             float *kb = s->kbuf;
             for (int j = 0; j < nj; j++)
-                ops->to_f32(kb + j * L->dp, row_ptr(&a->k, tb, k0 + j0 + j, hk), a->k.dtype, pb->d);
+                ops->to_f32(kb + j * L->dp, fmha_row(&a->k, tb, k0 + j0 + j, hk), a->k.dtype, pb->d);
         }
         ops->qk(s->kbuf, L->dp, nj, nqb, qt, ops->bf16dp ? L->dp : pb->d, st);
 
@@ -291,13 +286,13 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         prefetch_rows(&a->v, tb, k0 + j0 + BC, hk, pb->dv * ves, next);
         if (ops->bf16dp) {
             ops->pack_p(st, nj, nqb, s->p2 + 2 * qv);
-            ops->pack_v((const uint16_t *)row_ptr(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,
+            ops->pack_v((const uint16_t *)fmha_row(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,
                         s->vbuf);
             ops->pv(s->p2 + 2 * qv, nj, nqb, s->vbuf, L->dvp, L->dvp, alpha, o);
         } else {
             float *vb = s->vbuf;
             for (int j = 0; j < nj; j++) {
-                ops->to_f32(vb + j * L->dvp, row_ptr(&a->v, tb, k0 + j0 + j, hk), a->v.dtype,
+                ops->to_f32(vb + j * L->dvp, fmha_row(&a->v, tb, k0 + j0 + j, hk), a->v.dtype,
                             pb->dv);
                 for (int64_t c = pb->dv; c < L->dvp; c++)
                     vb[j * L->dvp + c] = 0.0f;
@@ -312,8 +307,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         const float l = s->l[i];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int64_t pos = s->row_pos[i], h = s->row_head[i];
-        char *orow = (char *)out->data + fmha_tensor_offset(out, tb, q0 + pos, h) *
-                                             (int64_t)fmha_dtype_size(out->dtype);
+        char *orow = fmha_row(out, tb, q0 + pos, h);
         const float *acc = s->o + (int64_t)i * L->dvp;
         if (out->dtype == FMHA_DTYPE_F32) {
             for (int64_t c = 0; c < pb->dv; c++)

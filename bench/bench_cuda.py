@@ -52,7 +52,7 @@ class Config(C.Structure):
                 ("head_dim_v", C.c_int64), ("dtype", C.c_int), ("softmax_scale", C.c_double),
                 ("causal", C.c_int), ("window_left", C.c_int64), ("window_right", C.c_int64),
                 ("softcap", C.c_double), ("dropout_p", C.c_double), ("device", C.c_int),
-                ("cpu_isa", C.c_int), ("num_threads", C.c_int)]
+                ("cpu_isa", C.c_int), ("num_threads", C.c_int), ("fp8_compute", C.c_int)]
 
 
 class Args(C.Structure):
@@ -60,7 +60,9 @@ class Args(C.Structure):
                 ("lse", C.c_void_p), ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p),
                 ("varlen_batch", C.c_int64), ("max_seqlen_q", C.c_int64),
                 ("max_seqlen_k", C.c_int64), ("seed", C.c_uint64), ("offset", C.c_uint64),
-                ("stream", C.c_void_p)]
+                ("stream", C.c_void_p), ("descale_q", C.c_void_p), ("descale_k", C.c_void_p),
+                ("descale_v", C.c_void_p), ("descale_layout", C.c_int),
+                ("descale_block_rows", C.c_int64)]
 
 
 def view(x):

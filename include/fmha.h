@@ -24,6 +24,18 @@
  *     fmha_layer_forward(layer, &a);   // as often as needed
  *     fmha_layer_free(layer);
  *
+ * Usage (FP8 E4M3 on the CPU): either quantize yourself and pass the scales,
+ *
+ *     fmha_quantize_fp8(&q16, &a.q, &sq, FMHA_FP8_PER_TENSOR, 0);   // and k, v
+ *     cfg.dtype = FMHA_DTYPE_F8_E4M3;                               // out stays bf16
+ *     a.descale_q = &sq; a.descale_k = &sk; a.descale_v = &sv;
+ *
+ * or let a bf16 layer do it on every call (and ask it which path it took):
+ *
+ *     cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+ *     fmha_layer_init(&layer, &cfg);
+ *     fmha_layer_get_path(layer, &reason);   // FP8, or a fallback to bf16 and why
+ *
  * Rules the library keeps: it never prints, never exits, and keeps no mutable
  * global state except a thread-local last-error message. On any error nothing
  * is written to `out` or `lse`.
@@ -66,7 +78,8 @@ typedef enum fmha_dtype {
     FMHA_DTYPE_F32 = 0,
     FMHA_DTYPE_F16,
     FMHA_DTYPE_BF16,
-    FMHA_DTYPE_F8_E4M3 /* FP8 E4M3: fmha_quantize_fp8 writes it; attention on it is not available yet */
+    FMHA_DTYPE_F8_E4M3 /* FP8 E4M3 q/k/v with descales (CPU; see fmha_forward_args), written by
+                          fmha_quantize_fp8; never an output dtype */
 } fmha_dtype;
 
 const char *fmha_dtype_name(fmha_dtype dtype); /* "f32", "f16", "bf16", "f8_e4m3" */
@@ -119,6 +132,23 @@ const char *fmha_cpu_isa_name(fmha_cpu_isa isa);
 /* The best ISA this CPU and OS support (never AUTO). */
 fmha_cpu_isa fmha_cpu_isa_detect(void);
 
+/* FP8 compute for f32/f16/bf16 inputs (fmha_config.fp8_compute), SGLang's
+ * SGLANG_DIFFUSION_AITER_FP8_ATTN=1: on each call the layer quantizes q, k
+ * and v to FP8 E4M3 into scratch it owns (fmha_quantize_fp8), runs FP8
+ * attention with their descales and writes `out` in out's dtype. The layer
+ * decides at init whether an FP8 kernel takes its configuration; if none
+ * does, it runs cfg.dtype instead and says why (fmha_layer_get_path). The
+ * environment variable FMHA_FP8_ATTN=0 sends every such layer to that
+ * fallback: a switch for operators, like FMHA_CPU_ISA. */
+typedef enum fmha_fp8_compute {
+    FMHA_FP8_COMPUTE_OFF = 0,    /* q, k, v run in cfg.dtype (default) */
+    FMHA_FP8_COMPUTE_PER_TENSOR, /* one scale per tensor, amax / 448 */
+    FMHA_FP8_COMPUTE_PER_BLOCK   /* one scale per (batch, head, FMHA_FP8_BLOCK_ROWS tokens):
+                                    outliers spoil only their own block */
+} fmha_fp8_compute;
+
+#define FMHA_FP8_BLOCK_ROWS 128
+
 /* A layer's configuration: the attention shape of one model layer plus its
  * options. Fill it with fmha_config_init, then change fields. */
 typedef struct fmha_config {
@@ -136,14 +166,30 @@ typedef struct fmha_config {
     fmha_device device;   /* default CPU */
     fmha_cpu_isa cpu_isa; /* default AUTO */
     int num_threads;      /* CPU threads; 0 = OpenMP's default */
+    fmha_fp8_compute fp8_compute; /* default OFF; needs f32, f16 or bf16 cfg.dtype */
 } fmha_config;
 
 /* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),
- * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads. */
+ * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads, no FP8 compute. */
 void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
                       int64_t head_dim);
 
 /* -------------------------------------------------------------- forward args */
+
+/* Where the descales of f8_e4m3 q, k and v sit (fmha_forward_args): element
+ * x of an FP8 tensor stands for fmha_e4m3_to_f32(x) * descale. Each array is
+ * contiguous f32. */
+typedef enum fmha_descale_layout {
+    FMHA_DESCALE_PER_TENSOR = 0, /* descale_q[1], descale_k[1], descale_v[1] */
+    FMHA_DESCALE_PER_KV_HEAD,    /* FlashAttention-3's: each [batch, num_kv_heads]; query head h
+                                    reads q's entry of its KV head, h / (num_heads / num_kv_heads).
+                                    Packed batches: batch = varlen_batch, one row per sequence */
+    FMHA_DESCALE_PER_BLOCK       /* as fmha_quantize_fp8's FMHA_FP8_PER_BLOCK writes them, tensor
+                                    by tensor, with R = descale_block_rows tokens per block:
+                                    q    [q.batch, num_heads,    ceil(q.seqlen / R)]
+                                    k, v [k.batch, num_kv_heads, ceil(k.seqlen / R)]
+                                    (packed tensors: batch 1, blocks over the packed tokens) */
+} fmha_descale_layout;
 
 /* Arguments of one forward call.
  *
@@ -172,6 +218,12 @@ void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
  * columns are positions inside their own sequence, so every backend draws the
  * same mask.
  *
+ * FP8 inputs: q, k and v all f8_e4m3 (cfg.dtype), out f32, f16 or bf16. The
+ * descales are f32 arrays laid out as descale_layout says, in the same memory
+ * as q (host memory for the CPU); NULL stands for descales of 1. On the CPU
+ * every descale must be finite and > 0 (checked). Inputs of other dtypes take
+ * no descales: the pointers must be NULL.
+ *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens) is device memory
  * (host memory is refused), q/k/v are f16 or bf16, head dims are at most 256,
  * and the call returns once the kernel is queued on `stream`. A packed batch
@@ -186,6 +238,9 @@ typedef struct fmha_forward_args {
     int64_t max_seqlen_q, max_seqlen_k;
     uint64_t seed, offset; /* dropout stream */
     void *stream;          /* cudaStream_t for the CUDA backend; NULL = default stream */
+    const float *descale_q, *descale_k, *descale_v; /* f8_e4m3 inputs only; NULL = 1 */
+    fmha_descale_layout descale_layout;
+    int64_t descale_block_rows; /* tokens per block for FMHA_DESCALE_PER_BLOCK */
 } fmha_forward_args;
 
 /* ------------------------------------------------------------ kernel choice */
@@ -216,15 +271,35 @@ void fmha_layer_free(fmha_layer *layer);
 const fmha_config *fmha_layer_config(const fmha_layer *layer);
 const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer);
 
+/* How a layer computes, decided once at fmha_layer_init. */
+typedef enum fmha_layer_path {
+    FMHA_LAYER_PATH_DIRECT = 0,  /* fp8_compute off: q, k, v run as they come */
+    FMHA_LAYER_PATH_FP8,         /* fp8_compute: quantized on each call, FP8 attention */
+    FMHA_LAYER_PATH_FP8_FALLBACK /* fp8_compute asked, but no FP8 kernel takes this
+                                    configuration: q, k, v run in cfg.dtype instead */
+} fmha_layer_path;
+
+/* The layer's path and, in *reason (if not NULL), one line saying why, e.g.
+ * "FP8 attention is unavailable for this configuration (...): running bf16 on
+ * cuda_flash_sm80 instead". The string lives as long as the layer. The
+ * library never prints; a caller that wants a fallback logged once prints the
+ * reason after fmha_layer_init. */
+fmha_layer_path fmha_layer_get_path(const fmha_layer *layer, const char **reason);
+const char *fmha_layer_path_name(fmha_layer_path path); /* "direct", "fp8", "fp8_fallback" */
+
 /* Runs attention. Every argument is validated before anything is written.
- * A layer may be used by one thread at a time. */
+ * A layer may be used by one thread at a time. On the FP8 path, q, k and v
+ * must be finite (an infinity is INVALID_ARGUMENT, as in fmha_quantize_fp8)
+ * and must not carry descales. */
 fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args);
 
 /* One-shot convenience: init, forward, free. */
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
 /* The float64 reference: plain loops, every feature, never fast. Same
- * validation and semantics as fmha_forward; CPU memory only. */
+ * validation and semantics as fmha_forward; CPU memory only. FP8 inputs are
+ * dequantized with their descales exactly; fp8_compute is ignored (the
+ * reference is the exact answer for the inputs it is given). */
 fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
 /* -------------------------------------------------------------------- CUDA */

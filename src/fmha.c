@@ -167,6 +167,11 @@ struct fmha_layer {
     fmha_config cfg;
     fmha_kernel_info kernel;
     fmha_cpu_workspace ws; /* grown on demand, reused across calls */
+    fmha_layer_path path;
+    char reason[768];      /* why this path (fmha_layer_get_path) */
+    fmha_config cfg8;      /* FP8 path: cfg with f8_e4m3 inputs */
+    void *fp8_buf;         /* FP8 path: q, k, v codes, then their scales; grown on demand */
+    size_t fp8_size;
 };
 
 fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
@@ -176,7 +181,11 @@ fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer out-pointer is NULL");
     *layer = NULL;
     fmha_kernel_info info;
-    fmha_status st = fmha_kernel_select(cfg, &info);
+    fmha_layer_path path = FMHA_LAYER_PATH_DIRECT;
+    char reason[sizeof ((fmha_layer *)0)->reason];
+    fmha_status st = cfg && cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF
+                         ? fmha_kernel_select_fp8(cfg, &info, &path, reason, sizeof reason)
+                         : fmha_kernel_select(cfg, &info);
     if (st != FMHA_STATUS_OK)
         return st;
     fmha_layer *l = calloc(1, sizeof *l);
@@ -184,6 +193,15 @@ fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory allocating a layer");
     l->cfg = *cfg;
     l->kernel = info;
+    l->path = path;
+    if (path == FMHA_LAYER_PATH_DIRECT)
+        snprintf(l->reason, sizeof l->reason, "fp8_compute is off: q, k, v run as %s on %s",
+                 fmha_dtype_name(cfg->dtype), info.name);
+    else
+        memcpy(l->reason, reason, sizeof reason);
+    l->cfg8 = *cfg;
+    l->cfg8.dtype = FMHA_DTYPE_F8_E4M3;
+    l->cfg8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
     *layer = l;
     return FMHA_STATUS_OK;
 }
@@ -193,6 +211,7 @@ void fmha_layer_free(fmha_layer *layer)
     if (!layer)
         return;
     fmha_cpu_workspace_free(&layer->ws);
+    free(layer->fp8_buf);
     free(layer);
 }
 
@@ -204,6 +223,95 @@ const fmha_config *fmha_layer_config(const fmha_layer *layer)
 const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer)
 {
     return layer ? &layer->kernel : NULL;
+}
+
+fmha_layer_path fmha_layer_get_path(const fmha_layer *layer, const char **reason)
+{
+    if (reason)
+        *reason = layer ? layer->reason : "";
+    return layer ? layer->path : FMHA_LAYER_PATH_DIRECT;
+}
+
+const char *fmha_layer_path_name(fmha_layer_path path)
+{
+    switch (path) {
+    case FMHA_LAYER_PATH_DIRECT: return "direct";
+    case FMHA_LAYER_PATH_FP8: return "fp8";
+    case FMHA_LAYER_PATH_FP8_FALLBACK: return "fp8_fallback";
+    }
+    return "unknown";
+}
+
+/* Elements of a view's [batch, seqlen, heads, head_dim] box (a contiguous
+ * copy's size): -1 if the count overflows. */
+static int64_t view_elements(const fmha_tensor *t)
+{
+    int64_t n;
+    if (__builtin_mul_overflow(t->batch, t->seqlen, &n) ||
+        __builtin_mul_overflow(n, t->heads, &n) || __builtin_mul_overflow(n, t->head_dim, &n))
+        return -1;
+    return n;
+}
+
+/* The FP8 path of a layer: q, k, v quantized into the layer's scratch, then
+ * FP8 attention on the CPU with their descales. */
+static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args)
+{
+    fmha_problem pb;
+    fmha_status st = fmha_validate_forward(&l->cfg, args, &pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const fmha_tensor *src[3] = {&args->q, &args->k, &args->v};
+    const char *names[3] = {"q", "k", "v"};
+    const int per_block = l->cfg.fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK;
+    /* Scratch in floats: each tensor's codes (rounded up to whole floats, so
+     * that the scales after them stay aligned), then its scales. */
+    int64_t words[3], scales[3], total = 0;
+    for (int i = 0; i < 3; i++) {
+        const int64_t r = FMHA_FP8_BLOCK_ROWS, nblk = per_block ? (src[i]->seqlen + r - 1) / r : 1;
+        const int64_t codes = view_elements(src[i]);
+        words[i] = codes / 4 + (codes % 4 != 0);
+        scales[i] = per_block ? src[i]->batch * src[i]->heads * nblk : 1; /* <= codes */
+        if (codes < 0 || __builtin_add_overflow(total, words[i] + scales[i], &total) ||
+            total > (int64_t)(SIZE_MAX / 8))
+            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                  "%s has too many elements to quantize into a copy", names[i]);
+    }
+    const size_t bytes = (size_t)total * 4;
+    if (l->fp8_size < bytes) {
+        void *p = malloc(bytes);
+        if (!p)
+            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                  "out of memory reserving %zu bytes of FP8 scratch", bytes);
+        free(l->fp8_buf);
+        l->fp8_buf = p;
+        l->fp8_size = bytes;
+    }
+
+    fmha_forward_args a8 = *args;
+    fmha_tensor *dst[3] = {&a8.q, &a8.k, &a8.v};
+    const float **ds[3] = {&a8.descale_q, &a8.descale_k, &a8.descale_v};
+    float *at = l->fp8_buf;
+    for (int i = 0; i < 3; i++) {
+        const fmha_tensor *x = src[i];
+        *dst[i] = fmha_tensor_bshd(at, FMHA_DTYPE_F8_E4M3, x->batch, x->seqlen, x->heads,
+                                   x->head_dim);
+        at += words[i];
+        *ds[i] = at;
+        st = fmha_quantize_fp8(x, dst[i], at, per_block ? FMHA_FP8_PER_BLOCK : FMHA_FP8_PER_TENSOR,
+                               FMHA_FP8_BLOCK_ROWS);
+        if (st != FMHA_STATUS_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", fmha_last_error());
+            return fmha_set_error(st, "quantizing %s to FP8 (fp8_compute): %s", names[i], msg);
+        }
+        at += scales[i];
+    }
+    a8.descale_layout = per_block ? FMHA_DESCALE_PER_BLOCK : FMHA_DESCALE_PER_TENSOR;
+    a8.descale_block_rows = FMHA_FP8_BLOCK_ROWS;
+    if ((st = fmha_validate_forward(&l->cfg8, &a8, &pb)) != FMHA_STATUS_OK)
+        return st;
+    return fmha_cpu_forward(&pb, &l->kernel, &l->ws);
 }
 
 fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
@@ -234,6 +342,8 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
         return fmha_cuda_forward(&pb, &layer->kernel);
     }
 #endif
+    if (layer->path == FMHA_LAYER_PATH_FP8)
+        return forward_fp8(layer, args);
     fmha_status st = fmha_validate_forward(&layer->cfg, args, &pb);
     if (st != FMHA_STATUS_OK)
         return st;

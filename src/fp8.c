@@ -38,15 +38,7 @@ uint8_t fmha_f32_to_e4m3(float x)
 
 float fmha_e4m3_to_f32(uint8_t x)
 {
-    uint32_t sign = (uint32_t)(x & 0x80u) << 24;
-    uint32_t e = (x >> 3) & 0xfu, m = x & 7u;
-    if ((x & 0x7fu) == 0x7fu)
-        return fmha_bits_to_f32(sign | 0x7fc00000u);
-    if (e == 0) { /* zero or subnormal: exact as a float */
-        float f = (float)m * 0x1p-9f;
-        return sign ? -f : f;
-    }
-    return fmha_bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
+    return fmha_e4m3_to_f32_inline(x);
 }
 
 /* --------------------------------------------------------------- quantizer */

@@ -78,6 +78,34 @@ static inline void fmha_visible_range(const fmha_config *cfg, int64_t i, int64_t
     fmha_mask_range(cfg->causal, cfg->window_left, cfg->window_right, i, sq, sk, lo, hi);
 }
 
+/* The descale of one row of q (which = 0), k (1) or v (2): sequence b,
+ * token s of the tensor (packed position for packed batches), head h (a
+ * query head for q, a KV head for k and v). 1 for inputs without descales.
+ * The layouts are fmha_descale_layout's. */
+static inline float fmha_row_descale(const fmha_problem *pb, int which, int64_t b, int64_t s,
+                                     int64_t h)
+{
+    const fmha_forward_args *a = pb->args;
+    const float *d = which == 0 ? a->descale_q : which == 1 ? a->descale_k : a->descale_v;
+    if (!d)
+        return 1.0f;
+    switch (a->descale_layout) {
+    case FMHA_DESCALE_PER_KV_HEAD: return d[b * pb->kv_heads + (which == 0 ? h / pb->group : h)];
+    case FMHA_DESCALE_PER_BLOCK: {
+        const fmha_tensor *t = which == 0 ? &a->q : &a->k;
+        const int64_t heads = which == 0 ? pb->heads : pb->kv_heads;
+        const int64_t r = a->descale_block_rows, nblk = (t->seqlen + r - 1) / r;
+        return d[((pb->varlen ? 0 : b) * heads + h) * nblk + s / r];
+    }
+    default: return d[0];
+    }
+}
+
+/* fp8_compute's choice (select.c): the FP8 kernel for cfg when the chooser
+ * has one, else cfg.dtype's kernel; *path and `reason` say which and why. */
+fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *info,
+                                   fmha_layer_path *path, char *reason, size_t len);
+
 /* Offset of element (b, s, h, 0) of a tensor, in elements. */
 static inline int64_t fmha_tensor_offset(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
 {
@@ -122,6 +150,20 @@ static inline uint16_t fmha_f32_to_bf16_inline(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* FP8 E4M3 decoding (fmha_e4m3_to_f32), inline for the reference's loops. */
+static inline float fmha_e4m3_to_f32_inline(uint8_t x)
+{
+    uint32_t sign = (uint32_t)(x & 0x80u) << 24;
+    uint32_t e = (x >> 3) & 0xfu, m = x & 7u;
+    if ((x & 0x7fu) == 0x7fu)
+        return fmha_bits_to_f32(sign | 0x7fc00000u);
+    if (e == 0) { /* zero or subnormal: exact as a float */
+        float f = (float)m * 0x1p-9f;
+        return sign ? -f : f;
+    }
+    return fmha_bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
+}
+
 float fmha_f16_to_f32_slow(uint16_t h);
 uint16_t fmha_f32_to_f16_slow(float f);
 
@@ -132,6 +174,8 @@ static inline float fmha_load_f32(const void *row, fmha_dtype dtype, int64_t i)
     case FMHA_DTYPE_F32: return ((const float *)row)[i];
     case FMHA_DTYPE_BF16: return fmha_bf16_to_f32_inline(((const uint16_t *)row)[i]);
     case FMHA_DTYPE_F16: return fmha_f16_to_f32_slow(((const uint16_t *)row)[i]);
+    case FMHA_DTYPE_F8_E4M3: /* the code's value, not descaled */
+        return fmha_e4m3_to_f32_inline(((const uint8_t *)row)[i]);
     default: return 0.0f;
     }
 }

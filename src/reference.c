@@ -1,6 +1,7 @@
 /* reference.c — the float64 reference every fast path is tested against.
  * Plain loops over (sequence, head, query row), one key row at a time, float64
- * accumulation, every feature. Never fast on purpose: it must stay obvious. */
+ * accumulation, every feature. Never fast on purpose: it must stay obvious.
+ * FP8 inputs are their codes' values times their descales, exactly. */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -12,9 +13,6 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
     fmha_status st = fmha_validate_forward(cfg, a, &pb);
     if (st != FMHA_STATUS_OK)
         return st;
-    if (cfg->dtype == FMHA_DTYPE_F8_E4M3)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "f8_e4m3 attention is not available yet: use f32, f16 or bf16");
 
     const int64_t d = pb.d, dv = pb.dv;
     double *scores = malloc(sizeof(double) * (size_t)(pb.max_sk > 0 ? pb.max_sk : 1));
@@ -34,6 +32,7 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
             const int64_t hk = h / pb.group; /* the KV head serving this query head */
             for (int64_t i = 0; i < sq; i++) {
                 const char *qrow = fmha_row(&a->q, tb, q0 + i, h);
+                const double dq = fmha_row_descale(&pb, 0, b, q0 + i, h);
                 int64_t lo, hi;
                 fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
 
@@ -44,6 +43,7 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                     for (int64_t c = 0; c < d; c++)
                         s += (double)fmha_load_f32(qrow, a->q.dtype, c) *
                              (double)fmha_load_f32(krow, a->k.dtype, c);
+                    s *= dq * fmha_row_descale(&pb, 1, b, k0 + j, hk); /* 1 unless FP8 */
                     s *= pb.scale;
                     if (cfg->softcap > 0.0)
                         s = cfg->softcap * tanh(s / cfg->softcap);
@@ -66,6 +66,7 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                         p *= pb.drop_rescale;
                     }
                     const char *vrow = fmha_row(&a->v, tb, k0 + j, hk);
+                    p *= fmha_row_descale(&pb, 2, b, k0 + j, hk);
                     for (int64_t c = 0; c < dv; c++)
                         acc[c] += p * (double)fmha_load_f32(vrow, a->v.dtype, c);
                 }

@@ -6,7 +6,9 @@
 #include "cuda/cuda.h"
 #endif
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 static const fmha_kernel_info kernel_table[FMHA_KERNEL_COUNT] = {
@@ -52,9 +54,15 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
         return st;
     if (!info)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
-    if (cfg->dtype == FMHA_DTYPE_F8_E4M3)
+    if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF) {
+        fmha_layer_path path;
+        return fmha_kernel_select_fp8(cfg, info, &path, NULL, 0);
+    }
+    /* f8_e4m3 inputs run on the CPU's f32 kernels (tiles dequantized on load). */
+    if (cfg->dtype == FMHA_DTYPE_F8_E4M3 && cfg->device == FMHA_DEVICE_CUDA)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "f8_e4m3 attention is not available yet: use f32, f16 or bf16");
+                              "f8_e4m3 attention runs on the CPU only so far (no CUDA FP8 kernel "
+                              "yet): use device cpu, or f16/bf16 inputs on CUDA");
     if (cfg->device == FMHA_DEVICE_CUDA) {
 #ifdef FMHA_HAVE_CUDA
         if (cfg->dtype != FMHA_DTYPE_BF16 && cfg->dtype != FMHA_DTYPE_F16)
@@ -92,5 +100,75 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
     default: id = FMHA_KERNEL_ID_cpu_scalar_f32; break;
     }
     *info = kernel_table[id];
+    return FMHA_STATUS_OK;
+}
+
+/* FMHA_FP8_ATTN: unset, 1 or 0 (0 sends fp8_compute layers to their fallback). */
+static fmha_status fp8_attn_env(int *off)
+{
+    const char *env = getenv("FMHA_FP8_ATTN");
+    *off = env && !strcmp(env, "0");
+    if (env && *env && strcmp(env, "0") && strcmp(env, "1"))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "FMHA_FP8_ATTN=%s is not 0 (FP8 attention off) or 1", env);
+    return FMHA_STATUS_OK;
+}
+
+/* fp8_compute: the FP8 kernel the chooser gives the same configuration with
+ * f8_e4m3 inputs, else cfg.dtype's kernel. Only UNSUPPORTED falls back: an
+ * invalid configuration stays an error, and so does one whose fallback
+ * cannot run either. */
+fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *info,
+                                   fmha_layer_path *path, char *reason, size_t len)
+{
+    fmha_clear_error();
+    fmha_status st = fmha_validate_config(cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (!info)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
+    fmha_config c8 = *cfg;
+    c8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    c8.dtype = FMHA_DTYPE_F8_E4M3;
+    char why[512] = "";
+    int off;
+    if ((st = fp8_attn_env(&off)) != FMHA_STATUS_OK)
+        return st;
+    if (off) {
+        snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
+    } else {
+        st = fmha_kernel_select(&c8, info);
+        if (st == FMHA_STATUS_OK && info->device != FMHA_DEVICE_CPU) {
+            /* The layer quantizes into host scratch: a device FP8 kernel needs a
+             * device quantizer first. */
+            st = FMHA_STATUS_UNSUPPORTED;
+            snprintf(why, sizeof why, "fp8_compute quantizes on the CPU only so far");
+        } else if (st == FMHA_STATUS_OK) {
+            char per[48] = "tensor";
+            if (cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK)
+                snprintf(per, sizeof per, "%d tokens of a head", FMHA_FP8_BLOCK_ROWS);
+            *path = FMHA_LAYER_PATH_FP8;
+            if (reason)
+                snprintf(reason, len,
+                         "fp8_compute: q, k, v (%s) quantized to f8_e4m3 on each call, one "
+                         "scale per %s; FP8 attention on %s",
+                         fmha_dtype_name(cfg->dtype), per, info->name);
+            return FMHA_STATUS_OK;
+        } else if (st == FMHA_STATUS_UNSUPPORTED) {
+            snprintf(why, sizeof why, "%s", fmha_last_error());
+        } else {
+            return st;
+        }
+    }
+    fmha_config c0 = c8;
+    c0.dtype = cfg->dtype;
+    if ((st = fmha_kernel_select(&c0, info)) != FMHA_STATUS_OK)
+        return st;
+    *path = FMHA_LAYER_PATH_FP8_FALLBACK;
+    if (reason)
+        snprintf(reason, len,
+                 "FP8 attention is unavailable for this configuration (%s): running %s on %s "
+                 "instead",
+                 why, fmha_dtype_name(cfg->dtype), info->name);
     return FMHA_STATUS_OK;
 }

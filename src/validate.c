@@ -56,6 +56,11 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
         return INVALID("cpu_isa (%d) is not a fmha_cpu_isa value", (int)cfg->cpu_isa);
     if (cfg->num_threads < 0)
         return INVALID("num_threads (%d) must be >= 0 (0 = OpenMP's default)", cfg->num_threads);
+    if ((unsigned)cfg->fp8_compute > FMHA_FP8_COMPUTE_PER_BLOCK)
+        return INVALID("fp8_compute (%d) is not a fmha_fp8_compute value", (int)cfg->fp8_compute);
+    if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF && cfg->dtype == FMHA_DTYPE_F8_E4M3)
+        return INVALID("fp8_compute quantizes f32, f16 or bf16 inputs, but dtype is f8_e4m3: for "
+                       "inputs already in FP8, leave fp8_compute off and pass their descales");
     return FMHA_STATUS_OK;
 }
 
@@ -122,6 +127,63 @@ static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total,
     if (cu[n] > total)
         return INVALID("%s[%lld] (%d) is past the tensor's %lld tokens", name, (long long)n,
                        (int)cu[n], (long long)total);
+    return FMHA_STATUS_OK;
+}
+
+/* The descales of FP8 inputs: present only for f8_e4m3, a known layout, and
+ * on the CPU (host memory) every entry finite and > 0. */
+static fmha_status validate_descales(const fmha_config *cfg, const fmha_forward_args *a,
+                                     const fmha_problem *pb)
+{
+    const float *ds[3] = {a->descale_q, a->descale_k, a->descale_v};
+    const char *names[3] = {"descale_q", "descale_k", "descale_v"};
+    if (cfg->dtype != FMHA_DTYPE_F8_E4M3) {
+        for (int i = 0; i < 3; i++)
+            if (ds[i]) {
+                if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
+                    return INVALID("%s is given, but this layer quantizes its %s q, k, v itself "
+                                   "(fp8_compute) and makes its own descales: pass NULL",
+                                   names[i], fmha_dtype_name(cfg->dtype));
+                return INVALID("%s is given, but q, k, v are %s: descales belong to f8_e4m3 "
+                               "inputs only (pass NULL)",
+                               names[i], fmha_dtype_name(cfg->dtype));
+            }
+        return FMHA_STATUS_OK;
+    }
+    int64_t counts[3];
+    switch (a->descale_layout) {
+    case FMHA_DESCALE_PER_TENSOR: counts[0] = counts[1] = counts[2] = 1; break;
+    case FMHA_DESCALE_PER_KV_HEAD: /* batch x heads < 2^31: checked above */
+        counts[0] = counts[1] = counts[2] = pb->batch * pb->kv_heads;
+        break;
+    case FMHA_DESCALE_PER_BLOCK: {
+        const int64_t r = a->descale_block_rows;
+        if (r <= 0)
+            return INVALID("descale_block_rows (%lld) must be positive for FMHA_DESCALE_PER_BLOCK",
+                           (long long)r);
+        const fmha_tensor *ts[3] = {&a->q, &a->k, &a->v};
+        for (int i = 0; i < 3; i++) {
+            const int64_t nblk = ts[i]->seqlen / r + (ts[i]->seqlen % r != 0);
+            if (mul_overflows(ts[i]->batch, ts[i]->heads, &counts[i]) ||
+                mul_overflows(counts[i], nblk, &counts[i]))
+                return INVALID("%s would hold %lld x %lld x %lld entries: more than int64 counts",
+                               names[i], (long long)ts[i]->batch, (long long)ts[i]->heads,
+                               (long long)nblk);
+        }
+        break;
+    }
+    default:
+        return INVALID("descale_layout (%d) is not a fmha_descale_layout value",
+                       (int)a->descale_layout);
+    }
+    if (cfg->device != FMHA_DEVICE_CPU) /* device memory: the kernel reads the values */
+        return FMHA_STATUS_OK;
+    for (int i = 0; i < 3; i++)
+        for (int64_t e = 0; ds[i] && e < counts[i]; e++)
+            if (!(isfinite(ds[i][e]) && ds[i][e] > 0.0f))
+                return INVALID("%s[%lld] (%g) must be finite and > 0: a descale multiplies the "
+                               "FP8 codes back to their values (the quantizer's scale)",
+                               names[i], (long long)e, (double)ds[i][e]);
     return FMHA_STATUS_OK;
 }
 
@@ -229,6 +291,9 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
     if (pb->batch > INT32_MAX / pb->heads)
         return INVALID("batch x heads (%lld x %lld) exceeds 2^31", (long long)pb->batch,
                        (long long)pb->heads);
+
+    if ((st = validate_descales(cfg, a, pb)) != FMHA_STATUS_OK)
+        return st;
 
     pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
     if (cfg->dropout_p > 0.0) {

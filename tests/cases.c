@@ -12,12 +12,13 @@ static void describe(const tcase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
              "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s layouts=%d%d%d "
-             "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d",
+             "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld",
              c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
              (long long)c->batch, (long long)c->sq, (long long)c->sk,
              (long long)c->heads, (long long)c->kv, (long long)c->d, (long long)c->dv,
              fmha_dtype_name(c->dt), fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal,
-             (long long)c->wl, (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse);
+             (long long)c->wl, (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse,
+             (int)c->dl, (long long)c->dblock);
 }
 
 /* Max |x - ref| over the output view, with -inf LSE handled. */
@@ -53,6 +54,89 @@ static double lse_err(const float *x, const float *ref, int64_t n, int *bad)
             e = fabs((double)x[i] - ref[i]);
     }
     return e;
+}
+
+/* ------------------------------------------------------------------- FP8 */
+
+/* The sequence token `tok` of tensor batch tb belongs to (0 for tokens of none). */
+static int64_t seq_of(const int32_t *cu, int64_t nseq, int64_t tb, int64_t tok)
+{
+    if (!cu)
+        return tb;
+    for (int64_t b = 0; b < nseq; b++)
+        if (tok >= cu[b] && tok < cu[b + 1])
+            return b;
+    return 0;
+}
+
+static int64_t n_blocks(const tcase *c, const fmha_tensor *t)
+{
+    return (t->seqlen + c->dblock - 1) / c->dblock;
+}
+
+static int64_t n_descales(const tcase *c, const fmha_tensor *t)
+{
+    switch (c->dl) {
+    case FMHA_DESCALE_PER_KV_HEAD: return c->batch * c->kv;
+    case FMHA_DESCALE_PER_BLOCK: return t->batch * t->heads * n_blocks(c, t);
+    default: return 1;
+    }
+}
+
+/* The descale that row (tb, tok, h) of q (which 0), k (1) or v (2) reads,
+ * written out from fmha.h's description of the layouts. */
+static int64_t descale_at(const tcase *c, int which, const fmha_tensor *t, const int32_t *cu,
+                          int64_t tb, int64_t tok, int64_t h)
+{
+    switch (c->dl) {
+    case FMHA_DESCALE_PER_KV_HEAD:
+        return seq_of(cu, c->batch, tb, tok) * c->kv + (which == 0 ? h / (c->heads / c->kv) : h);
+    case FMHA_DESCALE_PER_BLOCK: return (tb * t->heads + h) * n_blocks(c, t) + tok / c->dblock;
+    default: return 0;
+    }
+}
+
+typedef struct fp8_inputs {
+    float *ds[3];      /* descales of q, k, v */
+    tu_tensor deq[3];  /* q, k, v dequantized to f32, BSHD */
+} fp8_inputs;
+
+/* One descale per group, log-uniform within 4x of 3/448 (so that N(0, 1)
+ * values fill the format), the codes of N(0, 1) values, and f32 copies of
+ * what the codes stand for. */
+static void fp8_fill(const tcase *c, tu_rng *rng, tu_tensor *xs[3], const int32_t *cus[3],
+                     fp8_inputs *f)
+{
+    for (int i = 0; i < 3; i++) {
+        const fmha_tensor *t = &xs[i]->t;
+        const int64_t n = n_descales(c, t);
+        f->ds[i] = malloc(sizeof(float) * (size_t)n);
+        for (int64_t e = 0; e < n; e++)
+            f->ds[i][e] = (float)(3.0 / 448.0 * exp2(4.0 * tu_uniform(rng) - 2.0));
+        tu_tensor_init(&f->deq[i], FMHA_DTYPE_F32, t->batch, t->seqlen, t->heads, t->head_dim, 0,
+                       0);
+        for (int64_t tb = 0; tb < t->batch; tb++)
+            for (int64_t tok = 0; tok < t->seqlen; tok++)
+                for (int64_t h = 0; h < t->heads; h++) {
+                    const float d = f->ds[i][descale_at(c, i, t, cus[i], tb, tok, h)];
+                    uint8_t *row = (uint8_t *)xs[i]->alloc + tb * t->stride_batch +
+                                   tok * t->stride_seq + h * t->stride_head;
+                    float *drow = (float *)f->deq[i].alloc +
+                                  ((tb * t->seqlen + tok) * t->heads + h) * t->head_dim;
+                    for (int64_t e = 0; e < t->head_dim; e++) {
+                        row[e] = fmha_f32_to_e4m3((float)tu_normal(rng) / d);
+                        drow[e] = fmha_e4m3_to_f32(row[e]) * d;
+                    }
+                }
+    }
+}
+
+static void fp8_free(fp8_inputs *f)
+{
+    for (int i = 0; i < 3; i++) {
+        free(f->ds[i]);
+        tu_tensor_free(&f->deq[i]);
+    }
 }
 
 int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
@@ -97,9 +181,17 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
     tu_tensor_init(&out, c->odt, tb, tq, c->heads, c->dv, c->lo, 0xFF); /* NaN poison */
     tu_tensor_init(&ref, FMHA_DTYPE_F32, tb, tq, c->heads, c->dv, 0, 0xFF);
     tu_tensor_init(&naive, c->odt, tb, tq, c->heads, c->dv, 0, 0xFF);
-    tu_fill_normal(&q, rng, 1.0);
-    tu_fill_normal(&k, rng, 1.0);
-    tu_fill_normal(&v, rng, 1.0);
+    const int f8 = c->dt == FMHA_DTYPE_F8_E4M3;
+    fp8_inputs f8in;
+    if (f8) {
+        tu_tensor *xs[3] = {&q, &k, &v};
+        const int32_t *cus[3] = {cuq, cuk, cuk};
+        fp8_fill(c, rng, xs, cus, &f8in);
+    } else {
+        tu_fill_normal(&q, rng, 1.0);
+        tu_fill_normal(&k, rng, 1.0);
+        tu_fill_normal(&v, rng, 1.0);
+    }
 
     int64_t nl = c->heads * tq * tb;
     float *lse = malloc(sizeof(float) * (size_t)nl), *lse_ref = malloc(sizeof(float) * (size_t)nl);
@@ -118,8 +210,16 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
     a.varlen_batch = c->varlen ? c->batch : 0;
     a.seed = tu_next(rng);
     a.offset = tu_next(rng);
+    if (f8) {
+        a.descale_q = f8in.ds[0];
+        a.descale_k = f8in.ds[1];
+        a.descale_v = f8in.ds[2];
+        a.descale_layout = c->dl;
+        a.descale_block_rows = c->dblock;
+    }
 
     int ok = 1;
+    double tol = 0;
     fmha_status st = run(&cfg, &a);
     TU_CHECK(st == FMHA_STATUS_OK, "%s: forward failed: %s", desc, fmha_last_error());
     if (st != FMHA_STATUS_OK)
@@ -145,7 +245,7 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
             bad = 0;
             e = en = 0;
         }
-        double tol = 4.0 * en + 1e-6;
+        tol = 4.0 * en + 1e-6;
         TU_CHECK(!bad && e <= tol, "%s: out error %.3g > tol %.3g (naive %.3g)%s", desc, e, tol,
                  en, bad ? " non-finite output" : "");
         TU_CHECK(tu_gaps_untouched(&out, 0xFF), "%s: wrote outside the output view", desc);
@@ -156,7 +256,33 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
             TU_CHECK(!lbad && le <= 4.0 * len + 1e-5, "%s: lse error %.3g (naive %.3g)%s", desc,
                      le, len, lbad ? " bad -inf/non-finite" : "");
         }
+        if (f8 && !empty) {
+            /* The same problem on f32 inputs dequantized here: the reference
+             * must agree to f32 rounding, the kernel within its tolerance. */
+            tu_tensor ref32;
+            tu_tensor_init(&ref32, FMHA_DTYPE_F32, tb, tq, c->heads, c->dv, 0, 0xFF);
+            fmha_config c32 = cfg;
+            c32.dtype = FMHA_DTYPE_F32;
+            fmha_forward_args a32 = a;
+            a32.q = f8in.deq[0].t;
+            a32.k = f8in.deq[1].t;
+            a32.v = f8in.deq[2].t;
+            a32.descale_q = a32.descale_k = a32.descale_v = NULL;
+            a32.out = ref32.t;
+            a32.lse = NULL;
+            st = fmha_reference_forward(&c32, &a32);
+            TU_CHECK(st == FMHA_STATUS_OK, "%s: f32 reference failed: %s", desc, fmha_last_error());
+            int b32 = 0;
+            double er = out_err(&ref, &ref32, &b32), ek = out_err(&out, &ref32, &b32);
+            TU_CHECK(er <= 1e-5, "%s: the reference on FP8 differs from the reference on its "
+                     "dequantized f32 inputs by %.3g", desc, er);
+            TU_CHECK(ek <= tol + er, "%s: out differs from the reference on dequantized inputs by "
+                     "%.3g > tol %.3g", desc, ek, tol + er);
+            tu_tensor_free(&ref32);
+        }
     }
+    if (f8)
+        fp8_free(&f8in);
 
     tu_tensor_free(&q);
     tu_tensor_free(&k);
@@ -221,6 +347,13 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
     }
     c.lse = tu_range(r, 2);
     c.threads = (int)tu_range(r, 3); /* 0 = default */
+    if (c.device == FMHA_DEVICE_CPU && tu_range(r, 6) == 0) { /* FP8 runs on the CPU */
+        static const int64_t blocks[] = {1, 7, 64, 100};
+        c.dt = FMHA_DTYPE_F8_E4M3;
+        c.odt = odts[tu_range(r, 3)];
+        c.dl = (fmha_descale_layout)tu_range(r, 3);
+        c.dblock = blocks[tu_range(r, 4)];
+    }
     return c;
 }
 

@@ -17,13 +17,16 @@ typedef struct tcase {
     int varlen, lse, threads;
     fmha_cpu_isa isa;
     fmha_device device;
+    fmha_descale_layout dl; /* dt f8_e4m3: where the descales sit */
+    int64_t dblock;         /* tokens per block for FMHA_DESCALE_PER_BLOCK */
 } tcase;
 
 /* Runs the forward so that out and lse land in the host buffers of `a`. */
 typedef fmha_status (*tcase_runner)(const fmha_config *cfg, const fmha_forward_args *a);
 
-/* What random cases may use: the CPU takes every dtype and head dim, CUDA
- * f16/bf16 inputs and head dims up to 256. */
+/* What random cases may use: the CPU takes every dtype (f8_e4m3 with random
+ * descales in every layout too) and head dim, CUDA f16/bf16 inputs and head
+ * dims up to 256. */
 typedef struct tcase_space {
     fmha_device device;
     const fmha_cpu_isa *isas; /* rotated over the cases (CPU) */
@@ -31,7 +34,10 @@ typedef struct tcase_space {
 } tcase_space;
 
 tcase tcase_random(tu_rng *r, int index, const tcase_space *space);
-/* Runs one case; counts its checks with TU_CHECK. Returns 1 if the forward ran. */
+/* Runs one case; counts its checks with TU_CHECK. Returns 1 if the forward ran.
+ * FP8 cases draw their codes and per-group descales here; their output is
+ * also checked against the reference run on f32 copies dequantized here,
+ * independently of the library's descale indexing. */
 int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run);
 
 #endif

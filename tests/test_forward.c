@@ -1,9 +1,9 @@
 /* test_forward.c — every CPU kernel against the float64 reference over
  * hundreds of random cases of awkward sizes: head dims 32..256, seqlens
  * 1/7/113/239/1023 with seqlen_q != seqlen_k both ways, GQA and MQA, every
- * layout, mask, softcap, dropout, varlen, LSE and dtype. Outputs are poisoned
- * first; the tolerance is a multiple of a naive same-precision
- * implementation's error on the same case. */
+ * layout, mask, softcap, dropout, varlen, LSE and dtype, FP8 inputs with every
+ * descale layout included. Outputs are poisoned first; the tolerance is a
+ * multiple of a naive same-precision implementation's error on the same case. */
 #include "cases.h"
 #include "testutil.h"
 

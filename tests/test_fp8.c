@@ -1,8 +1,13 @@
 /* test_fp8.c — FP8 E4M3 conversions against an independent nearest-value
- * encoder (every code, random floats, every midpoint and its neighbours), and
+ * encoder (every code, random floats, every midpoint and its neighbours);
  * fmha_quantize_fp8 against scales and codes recomputed here: every scaling,
  * input dtype and layout, padded outputs, degenerate groups, and every
- * argument check leaving y and scales untouched. */
+ * argument check leaving y and scales untouched; FP8 attention against the
+ * reference on the dequantized inputs over random cases of the shared list
+ * (every descale layout, GQA, varlen, masks, dropout, poisoned outputs); and
+ * the fp8_compute layer: bit-identical to quantize + FP8 attention, its path
+ * and fallback rules, and its errors. */
+#include "cases.h"
 #include "internal.h"
 #include "testutil.h"
 
@@ -451,8 +456,407 @@ static void test_errors(void)
              "PER_HEAD with block_rows -5: %s (%s)", fmha_status_string(st), fmha_last_error());
 }
 
+/* ---------------------------------------------------------- FP8 attention */
+
+/* Random cases of the shared list with f8_e4m3 inputs, the descale layouts
+ * and block sizes in turn. */
+static void test_attention_cases(int ncases)
+{
+    fmha_cpu_isa isas[3];
+    int nisa = 0;
+    for (int i = FMHA_CPU_ISA_SCALAR; i <= (int)fmha_cpu_isa_detect(); i++)
+        isas[nisa++] = (fmha_cpu_isa)i;
+    const tcase_space space = {FMHA_DEVICE_CPU, isas, nisa};
+    static const int64_t blocks[] = {1, 5, 64, 128, 300};
+    static const fmha_dtype odts[] = {FMHA_DTYPE_BF16, FMHA_DTYPE_F16, FMHA_DTYPE_F32};
+    tu_rng r = {8080};
+    for (int i = 0; i < ncases; i++) {
+        tcase c = tcase_random(&r, i, &space);
+        c.dt = FMHA_DTYPE_F8_E4M3;
+        c.odt = odts[i % 3];
+        c.dl = (fmha_descale_layout)(i % 3);
+        c.dblock = blocks[(i / 3) % 5];
+        tcase_run(&c, &r, fmha_forward);
+    }
+    /* A longer one: 257 queries against 600 keys (several query tiles and
+     * scale blocks), GQA, causal, per-block scales. */
+    tcase c = {.batch = 1, .sq = 257, .sk = 600, .heads = 4, .kv = 2, .d = 128, .dv = 128,
+               .dt = FMHA_DTYPE_F8_E4M3, .odt = FMHA_DTYPE_BF16, .causal = 1, .wl = -1, .wr = -1,
+               .lse = 1, .dl = FMHA_DESCALE_PER_BLOCK, .dblock = 128};
+    tcase_run(&c, &r, fmha_forward);
+}
+
+/* ------------------------------------------------------------ fp8_compute */
+
+typedef struct conv_case {
+    tu_tensor q, k, v;
+    int32_t cuq[4], cuk[4];
+    fmha_config cfg;
+    fmha_forward_args a;
+} conv_case;
+
+/* Inputs of `dt` for a fp8_compute layer: GQA 4/2, d = 64, dv = 48, and
+ * either a padded batch of 2 or a packed one of 3 sequences. */
+static void conv_init(conv_case *cc, fmha_dtype dt, int64_t sq, int64_t sk, int varlen,
+                      fmha_fp8_compute mode, tu_rng *r)
+{
+    memset(cc, 0, sizeof *cc);
+    int64_t b = 2, tq = sq, tk = sk;
+    if (varlen) {
+        const int32_t cq[4] = {0, (int32_t)sq / 3, (int32_t)sq / 3, (int32_t)sq};
+        const int32_t ck[4] = {0, (int32_t)sk / 2, (int32_t)sk / 2 + 1, (int32_t)sk};
+        memcpy(cc->cuq, cq, sizeof cq);
+        memcpy(cc->cuk, ck, sizeof ck);
+        b = 1;
+    }
+    tu_tensor_init(&cc->q, dt, b, tq, 4, 64, varlen ? 0 : 1, POISON);
+    tu_tensor_init(&cc->k, dt, b, tk, 2, 64, varlen ? 0 : 2, POISON);
+    tu_tensor_init(&cc->v, dt, b, tk, 2, 48, 0, POISON);
+    tu_fill_normal(&cc->q, r, 1.0);
+    tu_fill_normal(&cc->k, r, 1.0);
+    tu_fill_normal(&cc->v, r, 1.0);
+    fmha_config_init(&cc->cfg, 4, 2, 64);
+    cc->cfg.head_dim_v = 48;
+    cc->cfg.dtype = dt;
+    cc->cfg.causal = 1;
+    cc->cfg.fp8_compute = mode;
+    cc->a.q = cc->q.t;
+    cc->a.k = cc->k.t;
+    cc->a.v = cc->v.t;
+    if (varlen) {
+        cc->a.cu_seqlens_q = cc->cuq;
+        cc->a.cu_seqlens_k = cc->cuk;
+        cc->a.varlen_batch = 3;
+    }
+}
+
+static void conv_free(conv_case *cc)
+{
+    tu_tensor_free(&cc->q);
+    tu_tensor_free(&cc->k);
+    tu_tensor_free(&cc->v);
+}
+
+/* What the FP8 path must equal bit for bit: fmha_quantize_fp8 on q, k, v,
+ * then FP8 attention with their descales on a f8_e4m3 configuration. */
+static fmha_status explicit_fp8(const fmha_config *cfg, const fmha_forward_args *a)
+{
+    const int per_block = cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK;
+    const int64_t br = FMHA_FP8_BLOCK_ROWS;
+    fmha_forward_args a8 = *a;
+    const fmha_tensor *src[3] = {&a->q, &a->k, &a->v};
+    fmha_tensor *dst[3] = {&a8.q, &a8.k, &a8.v};
+    const float **ds[3] = {&a8.descale_q, &a8.descale_k, &a8.descale_v};
+    void *mem[3];
+    float *scales[3];
+    fmha_status st = FMHA_STATUS_OK;
+    for (int i = 0; i < 3; i++) {
+        const fmha_tensor *x = src[i];
+        mem[i] = malloc((size_t)(x->batch * x->seqlen * x->heads * x->head_dim));
+        scales[i] = malloc(sizeof(float) * (size_t)(x->batch * x->heads * (x->seqlen / br + 1)));
+        *dst[i] = fmha_tensor_bshd(mem[i], FMHA_DTYPE_F8_E4M3, x->batch, x->seqlen, x->heads,
+                                   x->head_dim);
+        *ds[i] = scales[i];
+        if (st == FMHA_STATUS_OK)
+            st = fmha_quantize_fp8(x, dst[i], scales[i],
+                                   per_block ? FMHA_FP8_PER_BLOCK : FMHA_FP8_PER_TENSOR, br);
+    }
+    a8.descale_layout = per_block ? FMHA_DESCALE_PER_BLOCK : FMHA_DESCALE_PER_TENSOR;
+    a8.descale_block_rows = br;
+    fmha_config c8 = *cfg;
+    c8.dtype = FMHA_DTYPE_F8_E4M3;
+    c8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    if (st == FMHA_STATUS_OK)
+        st = fmha_forward(&c8, &a8);
+    for (int i = 0; i < 3; i++) {
+        free(mem[i]);
+        free(scales[i]);
+    }
+    return st;
+}
+
+/* Output + LSE buffers of a conv_case, poisoned. */
+typedef struct conv_out {
+    tu_tensor out;
+    float *lse;
+    size_t nlse;
+} conv_out;
+
+static void out_init(conv_out *o, const conv_case *cc, fmha_dtype odt)
+{
+    tu_tensor_init(&o->out, odt, cc->q.t.batch, cc->q.t.seqlen, 4, 48, 2, 0xFF);
+    o->nlse = (size_t)(cc->q.t.batch * 4 * cc->q.t.seqlen);
+    o->lse = malloc(sizeof(float) * o->nlse);
+    memset(o->lse, 0xFF, sizeof(float) * o->nlse);
+}
+
+static void out_free(conv_out *o)
+{
+    tu_tensor_free(&o->out);
+    free(o->lse);
+}
+
+static int out_same(const conv_out *x, const conv_out *y)
+{
+    return memcmp(x->out.alloc, y->out.alloc, x->out.alloc_bytes) == 0 &&
+           memcmp(x->lse, y->lse, sizeof(float) * x->nlse) == 0;
+}
+
+static int out_poisoned(const conv_out *o)
+{
+    const unsigned char *p = o->out.alloc, *l = (const unsigned char *)o->lse;
+    for (size_t i = 0; i < o->out.alloc_bytes; i++)
+        if (p[i] != 0xFF)
+            return 0;
+    for (size_t i = 0; i < sizeof(float) * o->nlse; i++)
+        if (l[i] != 0xFF)
+            return 0;
+    return 1;
+}
+
+/* Relative L2 distance of two outputs over the view. */
+static double rel_l2(const tu_tensor *x, const tu_tensor *ref)
+{
+    double d2 = 0, r2 = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
+                    d2 += (a - r) * (a - r);
+                    r2 += r * r;
+                }
+    return sqrt(d2 / (r2 > 0 ? r2 : 1));
+}
+
+/* The FP8 path equals quantize + FP8 attention bit for bit, across input
+ * dtypes, scalings, padded and packed batches, and calls of growing and
+ * shrinking size on one layer (its scratch is reused). */
+static void test_compute_matches_explicit(void)
+{
+    static const struct {
+        fmha_dtype dt, odt;
+        fmha_fp8_compute mode;
+        int varlen;
+    } runs[] = {
+        {FMHA_DTYPE_BF16, FMHA_DTYPE_BF16, FMHA_FP8_COMPUTE_PER_TENSOR, 0},
+        {FMHA_DTYPE_BF16, FMHA_DTYPE_F32, FMHA_FP8_COMPUTE_PER_BLOCK, 0},
+        {FMHA_DTYPE_F16, FMHA_DTYPE_F16, FMHA_FP8_COMPUTE_PER_TENSOR, 1},
+        {FMHA_DTYPE_F32, FMHA_DTYPE_BF16, FMHA_FP8_COMPUTE_PER_BLOCK, 1},
+    };
+    static const int64_t sizes[][2] = {{239, 300}, {7, 1}, {300, 113}};
+    tu_rng r = {31337};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        fmha_config cfg;
+        fmha_config_init(&cfg, 4, 2, 64);
+        cfg.head_dim_v = 48;
+        cfg.dtype = runs[i].dt;
+        cfg.causal = 1;
+        cfg.fp8_compute = runs[i].mode;
+        fmha_layer *layer;
+        fmha_status st = fmha_layer_init(&layer, &cfg);
+        TU_CHECK(st == FMHA_STATUS_OK, "fp8_compute layer %zu: %s", i, fmha_last_error());
+        if (st != FMHA_STATUS_OK)
+            continue;
+        const char *reason;
+        TU_CHECK(fmha_layer_get_path(layer, &reason) == FMHA_LAYER_PATH_FP8 &&
+                     strstr(reason, "quantized to f8_e4m3 on each call") &&
+                     strstr(reason, fmha_layer_kernel(layer)->name),
+                 "fp8_compute layer %zu: path %s (%s)",
+                 i, fmha_layer_path_name(fmha_layer_get_path(layer, NULL)), reason);
+        TU_CHECK(strstr(fmha_layer_kernel(layer)->name, "_f32") != NULL,
+                 "the FP8 path runs an f32 kernel, not %s", fmha_layer_kernel(layer)->name);
+        fmha_kernel_info info;
+        TU_CHECK(fmha_kernel_select(&cfg, &info) == FMHA_STATUS_OK &&
+                     info.id == fmha_layer_kernel(layer)->id,
+                 "fmha_kernel_select and the layer disagree on fp8_compute");
+        for (int z = 0; z < 3; z++) {
+            conv_case cc;
+            conv_init(&cc, runs[i].dt, sizes[z][0], sizes[z][1], runs[i].varlen, runs[i].mode, &r);
+            conv_out got, want, ref;
+            out_init(&got, &cc, runs[i].odt);
+            out_init(&want, &cc, runs[i].odt);
+            out_init(&ref, &cc, FMHA_DTYPE_F32);
+            cc.a.out = got.out.t;
+            cc.a.lse = got.lse;
+            st = fmha_layer_forward(layer, &cc.a);
+            TU_CHECK(st == FMHA_STATUS_OK, "fp8_compute %zu size %d: %s", i, z, fmha_last_error());
+            cc.a.out = want.out.t;
+            cc.a.lse = want.lse;
+            st = explicit_fp8(&cfg, &cc.a);
+            TU_CHECK(st == FMHA_STATUS_OK, "explicit FP8 %zu: %s", i, fmha_last_error());
+            TU_CHECK(out_same(&got, &want), "fp8_compute %zu size %d differs from quantize + FP8 "
+                     "attention", i, z);
+            /* And it is attention: near the exact answer on the unquantized inputs
+             * (the reference ignores fp8_compute). */
+            cc.a.out = ref.out.t;
+            cc.a.lse = ref.lse;
+            TU_CHECK(fmha_reference_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "reference: %s",
+                     fmha_last_error());
+            double e = rel_l2(&got.out, &ref.out);
+            TU_CHECK(e < 0.06, "fp8_compute %zu size %d: relative L2 %.3g from the reference", i,
+                     z, e);
+            out_free(&got);
+            out_free(&want);
+            out_free(&ref);
+            conv_free(&cc);
+        }
+        fmha_layer_free(layer);
+    }
+}
+
+/* The reference ignores fp8_compute: the same bytes with it on and off. */
+static void test_reference_ignores_compute(void)
+{
+    tu_rng r = {4};
+    conv_case cc;
+    conv_init(&cc, FMHA_DTYPE_BF16, 65, 70, 0, FMHA_FP8_COMPUTE_PER_TENSOR, &r);
+    conv_out x, y;
+    out_init(&x, &cc, FMHA_DTYPE_F32);
+    out_init(&y, &cc, FMHA_DTYPE_F32);
+    cc.a.out = x.out.t;
+    cc.a.lse = x.lse;
+    TU_CHECK(fmha_reference_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    cc.cfg.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    cc.a.out = y.out.t;
+    cc.a.lse = y.lse;
+    TU_CHECK(fmha_reference_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    TU_CHECK(out_same(&x, &y), "the reference depends on fp8_compute");
+    out_free(&x);
+    out_free(&y);
+    conv_free(&cc);
+}
+
+/* Fallback rules: the layer asks the chooser for an FP8 kernel; without one
+ * (here FMHA_FP8_ATTN=0; on CUDA, until a GPU FP8 path exists) it runs
+ * cfg.dtype's kernel, bit for bit what a plain layer computes, and says why.
+ * A configuration the fallback cannot run either fails as that one does. */
+static void test_compute_fallback(void)
+{
+    tu_rng r = {77};
+    conv_case cc;
+    conv_init(&cc, FMHA_DTYPE_BF16, 113, 200, 0, FMHA_FP8_COMPUTE_PER_TENSOR, &r);
+    fmha_config plain = cc.cfg;
+    plain.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    fmha_layer *direct, *layer;
+    TU_CHECK(fmha_layer_init(&direct, &plain) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    const char *reason;
+    TU_CHECK(fmha_layer_get_path(direct, &reason) == FMHA_LAYER_PATH_DIRECT &&
+                 strstr(reason, "fp8_compute is off"),
+             "plain layer: path %d (%s)", (int)fmha_layer_get_path(direct, NULL), reason);
+
+    setenv("FMHA_FP8_ATTN", "0", 1);
+    fmha_status st = fmha_layer_init(&layer, &cc.cfg);
+    TU_CHECK(st == FMHA_STATUS_OK, "FMHA_FP8_ATTN=0: %s", fmha_last_error());
+    if (st == FMHA_STATUS_OK) {
+        TU_CHECK(fmha_layer_get_path(layer, &reason) == FMHA_LAYER_PATH_FP8_FALLBACK &&
+                     strstr(reason, "FMHA_FP8_ATTN=0") && strstr(reason, "running bf16 on"),
+                 "FMHA_FP8_ATTN=0: path %s (%s)",
+                 fmha_layer_path_name(fmha_layer_get_path(layer, NULL)), reason);
+        TU_CHECK(fmha_layer_kernel(layer)->id == fmha_layer_kernel(direct)->id,
+                 "the fallback runs %s, a plain bf16 layer %s", fmha_layer_kernel(layer)->name,
+                 fmha_layer_kernel(direct)->name);
+        TU_CHECK(fmha_last_error()[0] == '\0', "a fallback is not an error: \"%s\"",
+                 fmha_last_error());
+        conv_out x, y;
+        out_init(&x, &cc, FMHA_DTYPE_BF16);
+        out_init(&y, &cc, FMHA_DTYPE_BF16);
+        cc.a.out = x.out.t;
+        cc.a.lse = x.lse;
+        TU_CHECK(fmha_layer_forward(layer, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+        cc.a.out = y.out.t;
+        cc.a.lse = y.lse;
+        TU_CHECK(fmha_layer_forward(direct, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+        TU_CHECK(out_same(&x, &y), "the fallback differs from a plain bf16 layer");
+        out_free(&x);
+        out_free(&y);
+        fmha_layer_free(layer);
+    }
+    setenv("FMHA_FP8_ATTN", "1", 1);
+    TU_CHECK(fmha_layer_init(&layer, &cc.cfg) == FMHA_STATUS_OK &&
+                 fmha_layer_get_path(layer, NULL) == FMHA_LAYER_PATH_FP8,
+             "FMHA_FP8_ATTN=1 must leave the FP8 path on: %s", fmha_last_error());
+    fmha_layer_free(layer);
+    unsetenv("FMHA_FP8_ATTN");
+    fmha_layer_free(direct);
+
+    /* CUDA: f8 there is the chooser's to refuse, so fp8_compute falls back to
+     * the bf16 kernel when one runs, and fails as bf16 does when none does. */
+    fmha_config cu = cc.cfg, cu_bf16 = plain;
+    cu.device = cu_bf16.device = FMHA_DEVICE_CUDA;
+    fmha_kernel_info info;
+    fmha_status want = fmha_kernel_select(&cu_bf16, &info);
+    char want_msg[1024];
+    snprintf(want_msg, sizeof want_msg, "%s", fmha_last_error());
+    layer = NULL;
+    st = fmha_layer_init(&layer, &cu);
+    TU_CHECK(st == want, "CUDA fp8_compute: %s, bf16 there: %s", fmha_status_string(st),
+             fmha_status_string(want));
+    if (st == FMHA_STATUS_OK) {
+        fmha_layer_path path = fmha_layer_get_path(layer, &reason);
+        TU_CHECK(path == FMHA_LAYER_PATH_FP8_FALLBACK ||
+                     (path == FMHA_LAYER_PATH_FP8 &&
+                      fmha_layer_kernel(layer)->device == FMHA_DEVICE_CPU),
+                 "CUDA fp8_compute: path %s (%s)", fmha_layer_path_name(path), reason);
+    } else {
+        TU_CHECK(!strcmp(fmha_last_error(), want_msg), "CUDA fp8_compute fails with \"%s\", bf16 "
+                 "with \"%s\"", fmha_last_error(), want_msg);
+    }
+    fmha_layer_free(layer);
+    conv_free(&cc);
+}
+
+/* Errors on the FP8 path: checked before anything is written. */
+static void test_compute_errors(void)
+{
+    tu_rng r = {12};
+    conv_case cc;
+    conv_init(&cc, FMHA_DTYPE_BF16, 20, 30, 0, FMHA_FP8_COMPUTE_PER_BLOCK, &r);
+    fmha_layer *layer;
+    TU_CHECK(fmha_layer_init(&layer, &cc.cfg) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    conv_out o;
+    out_init(&o, &cc, FMHA_DTYPE_BF16);
+    cc.a.out = o.out.t;
+    cc.a.lse = o.lse;
+
+    /* An infinity in k: the quantizer's error, named for k. */
+    uint16_t *krow = (uint16_t *)fmha_row(&cc.a.k, 1, 17, 1);
+    const uint16_t saved = krow[5];
+    krow[5] = 0xFF80; /* bf16 -inf */
+    fmha_status st = fmha_layer_forward(layer, &cc.a);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "quantizing k to FP8 (fp8_compute): x[1, 17, 1, 5] is "
+                                           "infinite"),
+             "inf in k: %s (%s)", fmha_status_string(st), fmha_last_error());
+    TU_CHECK(out_poisoned(&o), "inf in k: out or lse written");
+    krow[5] = saved;
+
+    /* Inputs of another dtype than the layer's, and descales. */
+    cc.a.v.dtype = FMHA_DTYPE_F16;
+    st = fmha_layer_forward(layer, &cc.a);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "v.dtype (f16) differs from the layer's dtype (bf16)"),
+             "f16 v: %s", fmha_last_error());
+    cc.a.v.dtype = FMHA_DTYPE_BF16;
+    const float one = 1.0f;
+    cc.a.descale_k = &one;
+    st = fmha_layer_forward(layer, &cc.a);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT && strstr(fmha_last_error(), "descale_k is given"),
+             "descales on fp8_compute: %s", fmha_last_error());
+    cc.a.descale_k = NULL;
+    TU_CHECK(out_poisoned(&o), "a failed call wrote out or lse");
+    st = fmha_layer_forward(layer, &cc.a);
+    TU_CHECK(st == FMHA_STATUS_OK && !out_poisoned(&o) && fmha_last_error()[0] == '\0',
+             "after the errors: %s", fmha_last_error());
+    out_free(&o);
+    fmha_layer_free(layer);
+    conv_free(&cc);
+}
+
 int main(void)
 {
+    unsetenv("FMHA_FP8_ATTN");
     tbl_init();
     test_decode_and_round_trip();
     test_encode_fixed();
@@ -461,5 +865,12 @@ int main(void)
     test_quantize_degenerate_groups();
     test_quantize_broadcast_view();
     test_errors();
+    /* FMHA_TEST_CASES trims the random cases for slow builds (sanitizers). */
+    const char *env = getenv("FMHA_TEST_CASES");
+    test_attention_cases(env ? atoi(env) / 8 + 1 : 30);
+    test_compute_matches_explicit();
+    test_reference_ignores_compute();
+    test_compute_fallback();
+    test_compute_errors();
     return tu_summary();
 }

@@ -527,18 +527,143 @@ static void test_config(void)
     expect("cfg.cpu_isa -3", &f, INVALID, "cpu_isa (-3) is not a fmha_cpu_isa value", AT_INIT,
            REF_CHECK);
 
-    /* Valid but unsupported: f8 attention, and CUDA in a CPU-only build. The
-     * reference shares the f8 refusal; it has no device, so it is skipped for
-     * CUDA. */
+    /* Valid but unsupported: f8 attention on CUDA, and CUDA in a CPU-only
+     * build. The reference has no device, so it is skipped for both. */
     fx_init(&f);
     f.cfg.dtype = FMHA_DTYPE_F8_E4M3;
+    f.cfg.device = FMHA_DEVICE_CUDA;
     f.a.q.dtype = f.a.k.dtype = f.a.v.dtype = FMHA_DTYPE_F8_E4M3;
-    expect("cfg.dtype f8", &f, UNSUPPORTED, "f8_e4m3 attention is not available yet", AT_INIT,
-           REF_CHECK);
+    expect("cfg.dtype f8 on CUDA", &f, UNSUPPORTED, "f8_e4m3 attention runs on the CPU only",
+           AT_INIT, REF_SKIP);
     fx_init(&f);
     f.cfg.device = FMHA_DEVICE_CUDA;
     if (fmha_cuda_device_count() == 0) /* CPU-only build, or a CUDA build with no GPU */
         expect("device CUDA", &f, UNSUPPORTED, "CUDA", AT_INIT, REF_SKIP);
+}
+
+/* -------------------------------------------------------------------- FP8 */
+
+/* The fixture with f8_e4m3 q, k, v over the same buffers (1-byte elements
+ * stay inside them), codes of moderate values, per-tensor descales. */
+static float fx_descales[3][B * H * SQ];
+
+static void fx_init_f8(fixture *f, fmha_descale_layout layout)
+{
+    fx_init(f);
+    f->cfg.dtype = FMHA_DTYPE_F8_E4M3;
+    fmha_tensor *ts[3] = {&f->a.q, &f->a.k, &f->a.v};
+    for (int i = 0; i < 3; i++) {
+        ts[i]->dtype = FMHA_DTYPE_F8_E4M3;
+        uint8_t *codes = ts[i]->data;
+        for (int64_t e = 0; e < ts[i]->batch * ts[i]->seqlen * ts[i]->heads * ts[i]->head_dim; e++)
+            codes[e] = fmha_f32_to_e4m3(((float *)ts[i]->data)[e]);
+        for (size_t e = 0; e < sizeof fx_descales[i] / sizeof fx_descales[i][0]; e++)
+            fx_descales[i][e] = 0.5f + 0.25f * (float)(e % 3);
+    }
+    f->a.descale_q = fx_descales[0];
+    f->a.descale_k = fx_descales[1];
+    f->a.descale_v = fx_descales[2];
+    f->a.descale_layout = layout;
+    f->a.descale_block_rows = 2;
+}
+
+static void test_fp8_args(void)
+{
+    fixture f;
+    const fmha_descale_layout layouts[3] = {FMHA_DESCALE_PER_TENSOR, FMHA_DESCALE_PER_KV_HEAD,
+                                            FMHA_DESCALE_PER_BLOCK};
+    for (int i = 0; i < 3; i++) {
+        fx_init_f8(&f, layouts[i]);
+        poison(&f);
+        fmha_status st = fmha_forward(&f.cfg, &f.a);
+        TU_CHECK(st == FMHA_STATUS_OK && !untouched(&f), "valid f8, layout %d: %s", i,
+                 fmha_last_error());
+        TU_CHECK(fmha_reference_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "valid f8 ref: %s",
+                 fmha_last_error());
+    }
+    fx_init_f8(&f, FMHA_DESCALE_PER_TENSOR);
+    f.a.descale_q = f.a.descale_k = f.a.descale_v = NULL; /* descales of 1 */
+    TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "f8 without descales: %s",
+             fmha_last_error());
+    fx_init_f8(&f, FMHA_DESCALE_PER_TENSOR);
+    f.cfg.num_threads = 0;
+    fmha_kernel_info info;
+    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK && strstr(info.name, "_f32"),
+             "f8 inputs run an f32 kernel (got %s)", fmha_last_error()[0] ? fmha_last_error()
+                                                                          : info.name);
+
+    fx_init_f8(&f, (fmha_descale_layout)7);
+    expect("descale_layout 7", &f, INVALID, "descale_layout (7) is not a fmha_descale_layout value",
+           AT_FORWARD, REF_CHECK);
+    fx_init_f8(&f, FMHA_DESCALE_PER_BLOCK);
+    f.a.descale_block_rows = 0;
+    expect("descale_block_rows 0", &f, INVALID,
+           "descale_block_rows (0) must be positive for FMHA_DESCALE_PER_BLOCK", AT_FORWARD,
+           REF_CHECK);
+    /* Bad values, at the last entry each layout has: the counts must be right. */
+    const struct {
+        fmha_descale_layout layout;
+        int which, at;
+        float value;
+        const char *phrase;
+    } bad[] = {
+        {FMHA_DESCALE_PER_TENSOR, 0, 0, 0.0f, "descale_q[0] (0) must be finite and > 0"},
+        {FMHA_DESCALE_PER_TENSOR, 1, 0, -2.0f, "descale_k[0] (-2) must be finite and > 0"},
+        {FMHA_DESCALE_PER_TENSOR, 2, 0, NAN, "descale_v[0] (nan) must be finite and > 0"},
+        {FMHA_DESCALE_PER_KV_HEAD, 0, B * KV - 1, INFINITY, "descale_q[3] (inf) must be finite"},
+        {FMHA_DESCALE_PER_KV_HEAD, 2, B * KV - 1, 0.0f, "descale_v[3] (0) must be finite"},
+        /* q [2, 4, ceil(3/2)] and k, v [2, 2, ceil(5/2)] blocks of 2 tokens */
+        {FMHA_DESCALE_PER_BLOCK, 0, B * H * 2 - 1, -1.0f, "descale_q[15] (-1) must be finite"},
+        {FMHA_DESCALE_PER_BLOCK, 1, B * KV * 3 - 1, 0.0f, "descale_k[11] (0) must be finite"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fx_init_f8(&f, bad[i].layout);
+        fx_descales[bad[i].which][bad[i].at] = bad[i].value;
+        expect(bad[i].phrase, &f, INVALID, bad[i].phrase, AT_FORWARD, REF_CHECK);
+        fx_init_f8(&f, bad[i].layout); /* one entry further is not read */
+        fx_descales[bad[i].which][bad[i].at + 1] = bad[i].value;
+        poison(&f);
+        TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "%s: entry %d + 1 was read",
+                 bad[i].phrase, bad[i].at);
+    }
+
+    /* dtypes: mixed inputs, FP8 out, descales on other inputs */
+    fx_init_f8(&f, FMHA_DESCALE_PER_TENSOR);
+    f.a.k.dtype = FMHA_DTYPE_BF16;
+    expect("k bf16 with f8 q", &f, INVALID,
+           "k.dtype (bf16) differs from the layer's dtype (f8_e4m3)", AT_FORWARD, REF_CHECK);
+    fx_init_f8(&f, FMHA_DESCALE_PER_TENSOR);
+    f.a.out.dtype = FMHA_DTYPE_F8_E4M3;
+    expect("f8 out", &f, INVALID, "out.dtype f8_e4m3 is not an output dtype: use f32, f16 or bf16",
+           AT_FORWARD, REF_CHECK);
+    fx_init(&f);
+    f.a.descale_v = fx_descales[2];
+    expect("descales on f32", &f, INVALID,
+           "descale_v is given, but q, k, v are f32: descales belong to f8_e4m3 inputs only",
+           AT_FORWARD, REF_CHECK);
+
+    /* fp8_compute */
+    fx_init(&f);
+    f.cfg.fp8_compute = (fmha_fp8_compute)5;
+    expect("fp8_compute 5", &f, INVALID, "fp8_compute (5) is not a fmha_fp8_compute value",
+           AT_INIT, REF_CHECK);
+    fx_init_f8(&f, FMHA_DESCALE_PER_TENSOR);
+    f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    expect("fp8_compute on f8", &f, INVALID,
+           "fp8_compute quantizes f32, f16 or bf16 inputs, but dtype is f8_e4m3", AT_INIT,
+           REF_CHECK);
+    fx_init(&f);
+    f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_BLOCK;
+    f.a.descale_q = fx_descales[0];
+    expect("fp8_compute with descales", &f, INVALID,
+           "descale_q is given, but this layer quantizes its f32 q, k, v itself (fp8_compute)",
+           AT_FORWARD, REF_CHECK);
+    fx_init(&f);
+    f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    setenv("FMHA_FP8_ATTN", "yes", 1);
+    expect("FMHA_FP8_ATTN=yes", &f, INVALID, "FMHA_FP8_ATTN=yes is not 0 (FP8 attention off) or 1",
+           AT_INIT, REF_SKIP);
+    unsetenv("FMHA_FP8_ATTN");
 }
 
 /* -------------------------------------------------------------- cu_seqlens */
@@ -756,6 +881,8 @@ static void test_defaults_and_views(void)
     TU_CHECK(cfg.device == FMHA_DEVICE_CPU && cfg.cpu_isa == FMHA_CPU_ISA_AUTO &&
                  cfg.num_threads == 0,
              "default device/isa/threads");
+    TU_CHECK(cfg.fp8_compute == FMHA_FP8_COMPUTE_OFF, "default fp8_compute %d",
+             (int)cfg.fp8_compute);
 
     int x;
     fmha_tensor t = fmha_tensor_bshd(&x, FMHA_DTYPE_F16, 2, 3, 4, 5);
@@ -1036,6 +1163,7 @@ static void test_layer_reuse(void)
 int main(void)
 {
     unsetenv("FMHA_CPU_ISA");
+    unsetenv("FMHA_FP8_ATTN");
     test_batch_heads_wrap(); /* first: forks before OpenMP has started threads */
     test_names();
     test_defaults_and_views();
@@ -1045,6 +1173,7 @@ int main(void)
     test_mismatches();
     test_config();
     test_varlen();
+    test_fp8_args();
     test_isa();
     test_success();
     test_layer_reuse();

@@ -120,14 +120,17 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
             const int64_t hk = h / pb.group;
             for (int64_t i = 0; i < sq; i++) {
                 const char *qr = fmha_row(&a->q, tb, q0 + i, h);
+                const float dq = fmha_row_descale(&pb, 0, b, q0 + i, h);
                 int64_t lo, hi;
                 fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
                 float m = -INFINITY;
                 for (int64_t j = lo; j < hi; j++) {
                     const char *kr = fmha_row(&a->k, tb, k0 + j, hk);
+                    const float dk = fmha_row_descale(&pb, 1, b, k0 + j, hk);
                     float s = 0;
-                    for (int64_t c = 0; c < pb.d; c++)
-                        s += fmha_load_f32(qr, a->q.dtype, c) * fmha_load_f32(kr, a->k.dtype, c);
+                    for (int64_t c = 0; c < pb.d; c++) /* FP8: dequantized as a kernel does */
+                        s += (fmha_load_f32(qr, a->q.dtype, c) * dq) *
+                             (fmha_load_f32(kr, a->k.dtype, c) * dk);
                     s *= scale;
                     if (cfg->softcap > 0)
                         s = (float)cfg->softcap * tanhf(s / (float)cfg->softcap);
@@ -151,8 +154,9 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                     else if (p_dtype == FMHA_DTYPE_F16)
                         p = fmha_f16_to_f32(fmha_f32_to_f16(p));
                     const char *vr = fmha_row(&a->v, tb, k0 + j, hk);
+                    const float dvs = fmha_row_descale(&pb, 2, b, k0 + j, hk);
                     for (int64_t c = 0; c < pb.dv; c++)
-                        acc[c] += p * fmha_load_f32(vr, a->v.dtype, c);
+                        acc[c] += p * (fmha_load_f32(vr, a->v.dtype, c) * dvs);
                 }
                 char *orow = fmha_row(&a->out, tb, q0 + i, h);
                 for (int64_t c = 0; c < pb.dv; c++)

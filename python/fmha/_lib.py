@@ -27,6 +27,18 @@ CPU_ISA_SCALAR = 1
 CPU_ISA_AVX2 = 2
 CPU_ISA_AVX512 = 3
 
+FP8_COMPUTE_OFF = 0
+FP8_COMPUTE_PER_TENSOR = 1
+FP8_COMPUTE_PER_BLOCK = 2
+
+DESCALE_PER_TENSOR = 0
+DESCALE_PER_KV_HEAD = 1
+DESCALE_PER_BLOCK = 2
+
+LAYER_PATH_DIRECT = 0
+LAYER_PATH_FP8 = 1
+LAYER_PATH_FP8_FALLBACK = 2
+
 DTYPE_NAMES = {DTYPE_F32: "f32", DTYPE_F16: "f16", DTYPE_BF16: "bf16", DTYPE_F8_E4M3: "f8_e4m3"}
 DEVICE_NAMES = {DEVICE_CPU: "cpu", DEVICE_CUDA: "cuda"}
 
@@ -67,6 +79,7 @@ class Config(Structure):
         ("device", c_int),
         ("cpu_isa", c_int),
         ("num_threads", c_int),
+        ("fp8_compute", c_int),
     ]
 
 
@@ -86,6 +99,11 @@ class ForwardArgs(Structure):
         ("seed", c_uint64),
         ("offset", c_uint64),
         ("stream", c_void_p),         # cudaStream_t
+        ("descale_q", c_void_p),      # const float *: f8_e4m3 inputs only
+        ("descale_k", c_void_p),
+        ("descale_v", c_void_p),
+        ("descale_layout", c_int),
+        ("descale_block_rows", c_int64),
     ]
 
 
@@ -187,6 +205,8 @@ fmha_layer_free = _proto("fmha_layer_free", None, c_void_p)
 fmha_layer_config = _proto("fmha_layer_config", POINTER(Config), c_void_p)
 fmha_layer_kernel = _proto("fmha_layer_kernel", POINTER(KernelInfo), c_void_p)
 fmha_layer_forward = _proto("fmha_layer_forward", c_int, c_void_p, POINTER(ForwardArgs))
+fmha_layer_get_path = _proto("fmha_layer_get_path", c_int, c_void_p, POINTER(c_char_p))
+fmha_layer_path_name = _proto("fmha_layer_path_name", c_char_p, c_int)
 fmha_forward = _proto("fmha_forward", c_int, POINTER(Config), POINTER(ForwardArgs))
 fmha_reference_forward = _proto("fmha_reference_forward", c_int, POINTER(Config),
                                 POINTER(ForwardArgs))

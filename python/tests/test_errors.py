@@ -34,8 +34,11 @@ def test_status_mapping(status, cls, builtin):
 def test_unsupported_dtype_from_the_library():
     cfg = _lib.config_init(8, 8, 64)
     cfg.dtype = _lib.DTYPE_F8_E4M3
-    with pytest.raises(NotImplementedError, match="f8_e4m3 attention is not available yet"):
+    cfg.device = _lib.DEVICE_CUDA
+    with pytest.raises(NotImplementedError, match="f8_e4m3 attention runs on the CPU only"):
         _lib.kernel_select(cfg)
+    cfg.device = _lib.DEVICE_CPU  # FP8 inputs run on the CPU's f32 kernels
+    assert _lib.kernel_select(cfg).name.decode().endswith("_f32")
 
 
 def test_python_side_argument_errors(rng):

@@ -14,6 +14,7 @@ same BSHD views.
 import argparse
 import ctypes as C
 import math
+import os
 import sys
 import time
 
@@ -115,6 +116,21 @@ def main():
         args = Args()
         args.q, args.k, args.v, args.out = view(q), view(k), view(v), view(out)
         args.stream = torch.cuda.current_stream().cuda_stream
+        # The portable kernel beside the chooser's pick (the Hopper kernel on an H200).
+        os.environ["FMHA_CUDA_KERNEL"] = "portable"
+        portable = C.c_void_p()
+        if lib.fmha_layer_init(C.byref(portable), C.byref(cfg)) != 0:
+            sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
+        del os.environ["FMHA_CUDA_KERNEL"]
+        out_p = torch.empty_like(q)
+        args_p = Args()
+        args_p.q, args_p.k, args_p.v, args_p.out = view(q), view(k), view(v), view(out_p)
+        args_p.stream = args.stream
+
+        def run_portable():
+            st = lib.fmha_layer_forward(portable, C.byref(args_p))
+            if st != 0:
+                raise RuntimeError(lib.fmha_last_error().decode())
 
         def run_fmha():
             st = lib.fmha_layer_forward(layer, C.byref(args))
@@ -142,29 +158,32 @@ def main():
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         fl = flops(b, sq, sk, h, d, causal)
         t = {}
-        impls = [("fmha", run_fmha), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+        impls = [("fmha", run_fmha), ("portable", run_portable),
+                 ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                  ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
-        for label, fn in impls[:1] if opt.no_peers else impls:
+        for label, fn in impls[:2] if opt.no_peers else impls:
             try:
                 t[label] = do_bench(fn, warmup=25, rep=200, return_mode="median")
             except Exception as e:  # a backend that refuses a shape
                 t[label] = math.nan
                 print(f"{name}: {label}: {str(e).splitlines()[0]}")
         lib.fmha_layer_free(layer)
+        lib.fmha_layer_free(portable)
         t.setdefault("flash", math.nan)
         t.setdefault("cudnn", math.nan)
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
-        rows.append((name, tf["fmha"], tf["flash"], tf["cudnn"], err))
-        print(f"{name:22s} fmha {tf['fmha']:6.1f}  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
+        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err))
+        print(f"{name:22s} fmha {tf['fmha']:6.1f}  portable {tf['portable']:6.1f}"
+              f"  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
               f"  relL2 {err:.1e}", flush=True)
         del q, k, v, out, ref
 
-    table = ["| shape | fmha TFLOP/s | torch flash (FA2) | torch cuDNN | fmha / flash | fmha / cuDNN "
-             "| rel. L2 vs flash |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, a, fl2, cu, err in rows:
-        table.append(f"| {name} | {a:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} | {a / cu:.2f} "
-                     f"| {err:.1e} |")
+    table = ["| shape | fmha TFLOP/s | fmha portable | torch flash (FA2) | torch cuDNN | fmha / flash "
+             "| fmha / cuDNN | rel. L2 vs flash |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, a, pt, fl2, cu, err in rows:
+        table.append(f"| {name} | {a:.1f} | {pt:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} "
+                     f"| {a / cu:.2f} | {err:.1e} |")
     print("\n".join(table))
     if opt.out:
         with open(opt.out, "w") as f:

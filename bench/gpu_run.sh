@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [test] [sanitize] [bench|bench-quick] [cli]
+# usage: bench/gpu_run.sh [test] [sanitize] [sass] [bench|bench-quick] [cli] [variants] [debug]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -25,6 +25,10 @@ for step in "$@"; do
         FMHA_TEST_CASES=${CASES:-300} timeout 400 build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
         summary+=("test_cuda rc=$? $(tail -1 "$OUT/test_cuda.log")")
         grep FAIL "$OUT/test_cuda.log" | head -20 ;;
+    sass) # the Hopper kernel must issue HGMMA and keep its registers out of local memory
+        cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/cuda_hopper.cu.o > "$OUT/hopper.sass" 2>&1
+        summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
+        grep -E "hopper.*(spill|stack)" "$OUT/build.log" | head -4 ;;
     debug)
         FMHA_TEST_LONG=0 timeout 300 cuda-gdb -batch -ex run -ex bt -ex quit --args build-gpu/test_cuda 3 > "$OUT/debug.log" 2>&1
         tail -40 "$OUT/debug.log" ;;
@@ -43,7 +47,7 @@ for step in "$@"; do
         for flags in "${VARIANTS[@]}"; do
             i=$((i + 1))
             ( cmake -S . -B build-v$i -DCMAKE_BUILD_TYPE=Release -DFMHA_CUDA_GENCODE="-gencode=arch=compute_90,code=sm_90" \
-                -DFMHA_CUDA_FLAGS="$flags" > "$OUT/v$i.cmake.log" 2>&1 && cmake --build build-v$i -j 4 --target fmha > "$OUT/v$i.build.log" 2>&1 ) &
+                -DFMHA_CUDA_FLAGS="${flags// /;}" > "$OUT/v$i.cmake.log" 2>&1 && cmake --build build-v$i -j 4 --target fmha > "$OUT/v$i.build.log" 2>&1 ) &
         done
         wait
         i=0

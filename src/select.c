@@ -46,6 +46,46 @@ static fmha_status requested_isa(const fmha_config *cfg, fmha_cpu_isa *isa)
     return FMHA_STATUS_OK;
 }
 
+#ifdef FMHA_HAVE_CUDA
+/* The Hopper kernel on a compute capability 9.0 device, else the portable
+ * one; FMHA_CUDA_KERNEL=portable|hopper|auto overrides (benchmarks, tests). */
+static fmha_status requested_cuda_kernel(int *id)
+{
+    const char *env = getenv("FMHA_CUDA_KERNEL");
+    int hopper = fmha_cuda_hopper_usable();
+    if (env && *env && !strcasecmp(env, "portable"))
+        hopper = 0;
+    else if (env && *env && !strcasecmp(env, "hopper")) {
+        if (!hopper)
+            return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                                  "FMHA_CUDA_KERNEL=hopper, but the sm_90a kernel needs a compute "
+                                  "capability 9.0 GPU and a build with it: unset FMHA_CUDA_KERNEL");
+    } else if (env && *env && strcasecmp(env, "auto"))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "FMHA_CUDA_KERNEL=%s is not one of portable, hopper, auto", env);
+    *id = hopper ? FMHA_KERNEL_ID_cuda_hopper_sm90 : FMHA_KERNEL_ID_cuda_flash_sm80;
+    return FMHA_STATUS_OK;
+}
+
+/* TMA addresses 16-byte aligned rows with strides below 2^40 bytes. */
+static int tma_addressable(const fmha_tensor *t)
+{
+    const int64_t lim = (int64_t)1 << 39; /* elements of 2 bytes */
+    return (uintptr_t)t->data % 16 == 0 && t->stride_seq % 8 == 0 && t->stride_head % 8 == 0 &&
+           t->stride_batch % 8 == 0 && t->stride_seq < lim && t->stride_head < lim &&
+           t->stride_batch < lim;
+}
+
+const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb)
+{
+    const fmha_forward_args *a = pb->args;
+    if (kernel->id == FMHA_KERNEL_ID_cuda_hopper_sm90 &&
+        !(tma_addressable(&a->q) && tma_addressable(&a->k) && tma_addressable(&a->v)))
+        return &kernel_table[FMHA_KERNEL_ID_cuda_flash_sm80];
+    return kernel;
+}
+#endif
+
 fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
 {
     fmha_clear_error();
@@ -77,7 +117,10 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
                                   (long long)cfg->head_dim, (long long)cfg->head_dim_v);
         if ((st = fmha_cuda_check_device()) != FMHA_STATUS_OK)
             return st;
-        *info = kernel_table[FMHA_KERNEL_ID_cuda_flash_sm80];
+        int id = FMHA_KERNEL_ID_cuda_flash_sm80;
+        if ((st = requested_cuda_kernel(&id)) != FMHA_STATUS_OK)
+            return st;
+        *info = kernel_table[id];
         return FMHA_STATUS_OK;
 #else
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,

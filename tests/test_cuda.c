@@ -121,10 +121,28 @@ int main(int argc, char **argv)
     int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 300;
     tu_rng rng = {20261203};
     const tcase_space space = {FMHA_DEVICE_CUDA, NULL, 0};
-    for (int i = 0; i < ncases; i++) {
-        tcase c = tcase_random(&rng, i, &space);
-        tcase_run(&c, &rng, run_cuda);
+    /* Every kernel this device has: the chooser's pick (the Hopper kernel on
+     * an H100/H200), then the portable one forced. */
+    const char *kernels[2] = {"auto", "portable"};
+    int hopper_seen = 0;
+    for (int kn = 0; kn < 2; kn++) {
+        setenv("FMHA_CUDA_KERNEL", kernels[kn], 1);
+        fmha_config probe;
+        fmha_config_init(&probe, 8, 2, 128);
+        probe.device = FMHA_DEVICE_CUDA;
+        fmha_kernel_info info;
+        TU_CHECK(fmha_kernel_select(&probe, &info) == FMHA_STATUS_OK, "select: %s", fmha_last_error());
+        if (kn == 1 && !strcmp(info.name, "cuda_flash_sm80") && !strcmp(kernels[0], "auto") &&
+            !hopper_seen)
+            break; /* the chooser's pick was the portable kernel already */
+        hopper_seen |= !strcmp(info.name, "cuda_hopper_sm90");
+        printf("FMHA_CUDA_KERNEL=%s: %s, %d cases\n", kernels[kn], info.name, ncases);
+        for (int i = 0; i < ncases; i++) {
+            tcase c = tcase_random(&rng, i, &space);
+            tcase_run(&c, &rng, run_cuda);
+        }
     }
+    unsetenv("FMHA_CUDA_KERNEL");
     /* Long sequences, seqlen_q != seqlen_k both ways (FMHA_TEST_LONG=0 skips
      * them, for the sanitizers). */
     const int64_t longs[][2] = {{1023, 1023}, {4224, 4224}, {1023, 4224}, {4224, 239}};

@@ -13,12 +13,21 @@ extern "C" {
  * with the reason. */
 fmha_status fmha_cuda_check_device(void);
 
+/* 1 when the sm_90a kernel was built and the current device is compute
+ * capability 9.0 (H100/H200), whose machine code it is. */
+int fmha_cuda_hopper_usable(void);
+
 /* Copies a packed batch's cu_seqlens_q/k (device memory) into host arrays of
  * varlen_batch + 1 entries each, which the caller frees, so that validation
  * can read them: one small synchronous copy per packed call. Leaves *q, *k
  * NULL (and returns OK) when there is nothing sensible to copy; validation
  * then reports the arguments. */
 fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **q, int32_t **k);
+
+/* The layer's kernel for one call (select.c): the Hopper kernel reads q, k, v
+ * through TMA, which needs 16-byte aligned rows; other views run on the
+ * portable kernel. */
+const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb);
 
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */

@@ -5,21 +5,15 @@
  * mma.sync m16n8k16 (bf16/f16 in, f32 accumulate) with operands fetched by
  * ldmatrix, and the online softmax stays in registers: S's accumulator
  * fragment is P's operand fragment, so P never touches shared memory. */
-#include "cuda.h"
+#include "cuda_common.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The head dims with a compiled kernel; any other head dim up to 256 runs
- * zero-padded in the next one up. */
-#define FMHA_CUDA_HEAD_DIMS(X) X(64) X(96) X(128) X(192) X(256)
-
 namespace {
+using namespace fmha_cuda;
 
 /* Tile shape per head dim; each warp owns MT m16 tiles of queries, so every
  * K/V fragment read from shared memory feeds MT mma's. Shared memory is
@@ -49,46 +43,6 @@ template <int D> struct tile {
     static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * DS * 2;
 };
 
-struct flash_params {
-    const void *q, *k, *v;
-    void *o;
-    float *lse;
-    int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
-    const int32_t *cu_q, *cu_k;
-    int varlen;
-    int heads, group;
-    int64_t sq, sk, total_q;
-    int d, dv;
-    float scale_log2; /* multiplies raw scores into the log2 domain */
-    float softcap_in, softcap_out; /* softcap: tanh(s * in) * out; 0 = off */
-    int causal;
-    int64_t window_left, window_right;
-    uint32_t drop_threshold;
-    float drop_scale;
-    uint64_t seed, offset;
-    int out_dtype;
-    int aligned; /* rows start 16-byte aligned and d, dv are multiples of 8 */
-};
-
-template <bool BF16> struct elem;
-template <> struct elem<true> { typedef __nv_bfloat16 T; };
-template <> struct elem<false> { typedef __half T; };
-
-__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b)
-{
-    return a < b ? a : b;
-}
-
-__host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b)
-{
-    return a > b ? a : b;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -117,33 +71,6 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
                      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <bool BF16> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-    uint32_t r;
-    if (BF16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        memcpy(&r, &v, 4);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        memcpy(&r, &v, 4);
-    }
-    return r;
-}
-
-__device__ __forceinline__ float exp2_approx(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* tanh(x) = 1 - 2 / (2^(2 x log2 e) + 1): absolute error ~1e-7, where the
- * tanh.approx instruction's 2^-11 relative error showed in the LSE. */
-__device__ __forceinline__ float tanh_fast(float x)
-{
-    return 1.0f - __fdividef(2.0f, exp2_approx(2.8853900817779268f * x) + 1.0f);
 }
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes)
@@ -371,7 +298,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             float &x = s[mt][i][2 * rh + e];
-                            x = w.v[(col + e) & 3] >= p.drop_threshold ? x * p.drop_scale : 0.0f;
+                            x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold ? x * p.drop_scale : 0.0f;
                         }
                     }
         }
@@ -465,12 +392,6 @@ cudaError_t launch(const flash_params &p, int64_t max_sq, int batch, cudaStream_
                             : launch_variant<D, BF16, false>(p, max_sq, batch, stream);
 }
 
-fmha_status cuda_error(cudaError_t err, const char *what)
-{
-    return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "CUDA error in %s: %s (%s)", what,
-                          cudaGetErrorString(err), cudaGetErrorName(err));
-}
-
 /* Device memory or managed memory; anything the runtime calls host is refused. */
 fmha_status check_device_pointer(const void *ptr, const char *name)
 {
@@ -486,12 +407,6 @@ fmha_status check_device_pointer(const void *ptr, const char *name)
                               "(cudaMalloc) or build the layer with device cpu",
                               name);
     return FMHA_STATUS_OK;
-}
-
-bool chunk_aligned(const fmha_tensor &t)
-{
-    return ((uintptr_t)t.data % 16) == 0 && t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 &&
-           t.stride_head % 8 == 0 && t.head_dim % 8 == 0;
 }
 
 } // namespace
@@ -537,6 +452,20 @@ extern "C" fmha_status fmha_cuda_check_device(void)
     return FMHA_STATUS_OK;
 }
 
+extern "C" int fmha_cuda_hopper_usable(void)
+{
+#ifdef FMHA_HAVE_CUDA_HOPPER
+    int dev = 0, major = 0, minor = 0;
+    if (fmha_cuda_device_count() == 0 || cudaGetDevice(&dev) != cudaSuccess)
+        return 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+#else
+    return 0;
+#endif
+}
+
 extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, int32_t **q,
                                                   int32_t **k)
 {
@@ -572,7 +501,6 @@ extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, in
 
 extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel)
 {
-    (void)kernel;
     const fmha_forward_args *a = pb->args;
     const fmha_config *cfg = pb->cfg;
     const struct {
@@ -591,45 +519,12 @@ extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kern
 
     const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
     flash_params p;
-    memset(&p, 0, sizeof p);
-    p.q = a->q.data;
-    p.k = a->k.data;
-    p.v = a->v.data;
-    p.o = a->out.data;
-    p.lse = a->lse;
-    p.q_sb = a->q.stride_batch, p.q_ss = a->q.stride_seq, p.q_sh = a->q.stride_head;
-    p.k_sb = a->k.stride_batch, p.k_ss = a->k.stride_seq, p.k_sh = a->k.stride_head;
-    p.v_sb = a->v.stride_batch, p.v_ss = a->v.stride_seq, p.v_sh = a->v.stride_head;
-    p.o_sb = a->out.stride_batch, p.o_ss = a->out.stride_seq, p.o_sh = a->out.stride_head;
-    p.cu_q = a->cu_seqlens_q;
-    p.cu_k = a->cu_seqlens_k;
-    p.varlen = pb->varlen;
-    p.heads = (int)pb->heads;
-    p.group = (int)pb->group;
-    p.sq = a->q.seqlen;
-    p.sk = a->k.seqlen;
-    p.total_q = a->q.seqlen;
-    p.d = (int)pb->d;
-    p.dv = (int)pb->dv;
-    const double log2e = 1.4426950408889634;
-    if (cfg->softcap > 0) {
-        p.softcap_in = (float)(pb->scale / cfg->softcap);
-        p.softcap_out = (float)(cfg->softcap * log2e);
-        p.scale_log2 = 1.0f;
-    } else {
-        p.scale_log2 = (float)(pb->scale * log2e);
-    }
-    p.causal = cfg->causal;
-    p.window_left = cfg->window_left;
-    p.window_right = cfg->window_right;
-    p.drop_threshold = pb->drop_threshold;
-    p.drop_scale = (float)pb->drop_rescale;
-    p.seed = a->seed;
-    p.offset = a->offset;
-    p.out_dtype = a->out.dtype;
-    p.aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
-
+    fill_flash_params(pb, &p);
     cudaStream_t stream = (cudaStream_t)a->stream;
+#ifdef FMHA_HAVE_CUDA_HOPPER
+    if (fmha_kernel_for_call(kernel, pb)->id == FMHA_KERNEL_ID_cuda_hopper_sm90)
+        return hopper_forward(pb, p, stream);
+#endif
     const bool bf16 = cfg->dtype == FMHA_DTYPE_BF16;
     const int batch = (int)pb->batch;
     cudaError_t err = cudaErrorInvalidValue;

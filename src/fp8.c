@@ -55,24 +55,48 @@ static const char *row_of(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
 }
 
 /* The first infinite element in (batch, token, head, dim) order, if any. */
+/* Groups this large spread over OpenMP threads (both passes give the same
+ * bits on any thread count: max is exact and elements are independent). */
+static int parallel_worth(const fmha_tensor *x, const fp8_group *g)
+{
+    return (double)(g->b1 - g->b0) * (double)(g->s1 - g->s0) * (double)(g->h1 - g->h0) *
+               (double)x->head_dim >= 65536.0;
+}
+
 static int find_inf(const fmha_tensor *x, int64_t at[4])
 {
+    /* The first infinite element by (batch, token) row, found in parallel. */
+    int64_t first = INT64_MAX;
+    const fp8_group all = {0, x->batch, 0, x->seqlen, 0, x->heads};
+#pragma omp parallel for collapse(2) reduction(min : first) if (parallel_worth(x, &all))
     for (int64_t b = 0; b < x->batch; b++)
         for (int64_t s = 0; s < x->seqlen; s++)
-            for (int64_t h = 0; h < x->heads; h++) {
+            for (int64_t h = 0; h < x->heads && b * x->seqlen + s < first; h++) {
                 const char *row = row_of(x, b, s, h);
                 for (int64_t c = 0; c < x->head_dim; c++)
                     if (isinf(fmha_load_f32(row, x->dtype, c))) {
-                        at[0] = b, at[1] = s, at[2] = h, at[3] = c;
-                        return 1;
+                        first = b * x->seqlen + s;
+                        break;
                     }
             }
-    return 0;
+    if (first == INT64_MAX)
+        return 0;
+    at[0] = first / x->seqlen, at[1] = first % x->seqlen;
+    for (int64_t h = 0; h < x->heads; h++) {
+        const char *row = row_of(x, at[0], at[1], h);
+        for (int64_t c = 0; c < x->head_dim; c++)
+            if (isinf(fmha_load_f32(row, x->dtype, c))) {
+                at[2] = h, at[3] = c;
+                return 1;
+            }
+    }
+    return 0; /* not reached */
 }
 
 static float group_amax(const fmha_tensor *x, const fp8_group *g)
 {
     float amax = 0.0f;
+#pragma omp parallel for collapse(2) reduction(max : amax) if (parallel_worth(x, g))
     for (int64_t b = g->b0; b < g->b1; b++)
         for (int64_t s = g->s0; s < g->s1; s++)
             for (int64_t h = g->h0; h < g->h1; h++) {
@@ -89,6 +113,7 @@ static float group_amax(const fmha_tensor *x, const fp8_group *g)
 static void group_quantize(const fmha_tensor *x, const fmha_tensor *y, const fp8_group *g,
                            float scale)
 {
+#pragma omp parallel for collapse(2) if (parallel_worth(x, g))
     for (int64_t b = g->b0; b < g->b1; b++)
         for (int64_t s = g->s0; s < g->s1; s++)
             for (int64_t h = g->h0; h < g->h1; h++) {

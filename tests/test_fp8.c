@@ -360,6 +360,34 @@ static void test_quantize_broadcast_view(void)
     tu_tensor_free(&x);
 }
 
+/* Tensors large enough for the quantizer's threads: the same bits, and the
+ * first infinity still the one named. */
+static void test_quantize_large(void)
+{
+    tu_rng r = {2718};
+    tu_tensor x;
+    tu_tensor_init(&x, FMHA_DTYPE_BF16, 2, 300, 4, 64, 2, POISON);
+    tu_fill_normal(&x, &r, 2.0);
+    run_case(&x, 0, FMHA_FP8_PER_TENSOR, 0, "large, per tensor");
+    run_case(&x, 1, FMHA_FP8_PER_BLOCK, 128, "large, per block");
+    tu_tensor_free(&x);
+
+    tu_tensor_init(&x, FMHA_DTYPE_F32, 2, 300, 4, 64, 0, POISON);
+    tu_fill_normal(&x, &r, 1.0);
+    set_x(&x, 1, 250, 3, 10, INFINITY);
+    set_x(&x, 0, 299, 2, 1, -INFINITY);
+    set_x(&x, 0, 299, 1, 63, INFINITY);
+    tu_tensor y;
+    tu_tensor_init(&y, FMHA_DTYPE_F8_E4M3, 2, 300, 4, 64, 0, POISON);
+    float scale;
+    fmha_status st = fmha_quantize_fp8(&x.t, &y.t, &scale, FMHA_FP8_PER_TENSOR, 0);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "x[0, 299, 1, 63] is infinite"),
+             "large tensor with infinities: %s", fmha_last_error());
+    tu_tensor_free(&y);
+    tu_tensor_free(&x);
+}
+
 /* ------------------------------------------------------------------ errors */
 
 enum { EB = 2, ES = 5, EH = 3, ED = 4, EBR = 3, ENG = EB * EH * 2 };
@@ -864,6 +892,7 @@ int main(void)
     test_quantize_sweep();
     test_quantize_degenerate_groups();
     test_quantize_broadcast_view();
+    test_quantize_large();
     test_errors();
     /* FMHA_TEST_CASES trims the random cases for slow builds (sanitizers). */
     const char *env = getenv("FMHA_TEST_CASES");

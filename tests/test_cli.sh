@@ -1,6 +1,7 @@
 #!/bin/sh
 # test_cli.sh — the `fmha` command end to end: run on presets and files
-# (padded and packed), --check, safetensors output, config checks, bench JSON,
+# (padded and packed), --check, safetensors output, FP8 runs and the accuracy
+# report, config checks, bench JSON,
 # and the errors a user meets. Usage: test_cli.sh PATH/TO/fmha SOURCE_DIR
 FMHA=${1:?usage: test_cli.sh FMHA SOURCE_DIR}
 SRC=${2:-.}
@@ -88,6 +89,17 @@ expect 1 "dropout_p (1.5) must be in \[0, 1)" -- "$FMHA" run --model flux-1024 -
 expect 2 "not an integer" -- "$FMHA" run --model flux-1024 --seqlen abc
 expect 1 "FMHA_CPU_ISA=sse9" -- env FMHA_CPU_ISA=sse9 "$FMHA" run --model flux-1024 --seqlen 32
 
+# ---- FP8: a bf16 source quantized per tensor, checked on the dequantized inputs
+expect 0 "on the dequantized inputs.*: ok" -- "$FMHA" run --model flux-1024 --seqlen 130 --dtype fp8 -o "$T/fp8.safetensors"
+expect 0 "quantization included): relative L2" -- "$FMHA" run --model llama3-8b --seqlen 100 --dtype fp8
+expect 0 "fp8 path: fp8_compute: q, k, v (bf16) quantized" -- "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
+expect 0 "dequantized inputs.*: ok" -- "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
+expect 0 "fp8 path: FP8 attention is unavailable.*FMHA_FP8_ATTN=0" -- env FMHA_FP8_ATTN=0 "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
+expect 1 "f8_e4m3 attention runs on the CPU only" -- "$FMHA" run --model flux-1024 --seqlen 32 --dtype fp8 --device cuda
+expect 0 "fp8q  cpu_" -- "$FMHA" bench --seqlen 70 --heads 2 --head-dim 64 --iters 2 --dtype fp8
+expect 0 "K outliers (4 ch. x20-x100)  per 128-token block" -- "$FMHA" accuracy --seqlen 70 --heads 2 --kv-heads 1 --head-dim 32
+expect 2 "accuracy takes no input file" -- "$FMHA" accuracy "$T/fp8.safetensors"
+
 # ---- model configs
 cat > "$T/llama.json" <<'EOF'
 {"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
@@ -123,6 +135,14 @@ for r in rows:
         assert key in r, key
     assert r["device"] == "cpu" and r["ms"] > 0 and r["tflops"] > 0
 assert {r["dtype"] for r in rows} == {"f32", "bf16"}
+EOF
+    "$FMHA" bench --seqlen 70 --heads 2 --head-dim 64 --iters 2 --dtype fp8 --json > "$T/bench8.json" 2>&1
+    python3 - "$T/bench8.json" <<'EOF' && ok || bad "bench --dtype fp8 --json: $(cat "$T/bench8.json")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+got = [(r["dtype"], r.get("fp8_compute")) for r in rows]
+assert got == [("f8_e4m3", None), ("bf16", "per_tensor")], got
+assert all(r["kernel"].endswith("_f32") and r["ms"] > 0 for r in rows)
 EOF
 fi
 expect 0 "GFLOP/s" -- "$FMHA" bench --model lumina2 --seqlen 96 --dtype bf16 --causal --iters 2

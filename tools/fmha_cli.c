@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "fmha.h"
 #include "devmem.h"
+#include "fp8_cli.h"
 #include "hfconfig.h"
 #include "peak.h"
 #include "presets.h"
@@ -28,7 +29,7 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  run [IN.safetensors -o OUT.safetensors] [--model PRESET] [--seqlen N] [--batch B]\n"
-    "      [--dtype f32|f16|bf16] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
+    "      [--dtype f32|f16|bf16|fp8] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
     "      [--softcap C] [--dropout P --seed N] [--device cpu|cuda] [--threads N] [--check]\n"
     "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
     "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
@@ -36,9 +37,15 @@ static const char usage_text[] =
     ")\n"
     "      on random data and checks sampled rows against the float64 reference; -o then\n"
     "      also saves q, k, v, so that `fmha run OUT --check` can run it again.\n"
+    "      --dtype fp8 quantizes bf16 inputs (or IN's) to FP8 E4M3, one scale per tensor, and\n"
+    "      runs FP8 attention (CPU); the check is on the dequantized inputs.\n"
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
-    "      --head-dim D] [--dtype f32|f16|bf16] [--causal] [--device cpu|cuda] [--threads N]\n"
+    "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
     "      [--iters N] [--json]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
+    "  accuracy [--model PRESET | shape options as bench] [--causal] [--threads N] [--seed N]\n"
+    "      relative L2 error of FP8 attention against the float64 reference and the bf16\n"
+    "      path, on Gaussian inputs and on K with outlier channels, for each kind of scales\n"
+    "      (no shape: [1, 2048, 8, 128])\n"
     "  check CONFIG.json   attention shape of a Hugging Face / diffusers config\n"
     "  info                version, backends, CPU features, GPUs\n"
     "\n"
@@ -501,6 +508,10 @@ static int run_file(const options *o)
     oo.dtype = a.q.dtype;
     fmha_config cfg;
     config_from_options(&oo, &cfg, a.q.heads, a.k.heads, a.q.head_dim, a.v.head_dim);
+    /* --dtype fp8 on a file: the layer quantizes q, k, v on the fly (fp8_compute). */
+    const int fp8 = o->dtype_set && o->dtype == FMHA_DTYPE_F8_E4M3;
+    if (fp8)
+        cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
 
     size_t es = fmha_dtype_size(a.q.dtype);
     int64_t nout = a.q.batch * a.q.seqlen * a.q.heads * a.v.head_dim;
@@ -520,7 +531,10 @@ static int run_file(const options *o)
         rc = fail_lib("invalid configuration", st);
         goto done;
     }
-    const char *kernel = fmha_layer_kernel(layer)->name;
+    const char *kernel = fmha_layer_kernel(layer)->name, *reason;
+    const int fp8_path = fmha_layer_get_path(layer, &reason) == FMHA_LAYER_PATH_FP8;
+    if (fp8) /* the layer's choice, said once */
+        printf("fp8 path: %s\n", reason);
     fmha_layer_free(layer);
     double t0 = now_s();
     st = forward_with_progress(&cfg, &a);
@@ -551,10 +565,42 @@ static int run_file(const options *o)
             free(reflse);
             goto done;
         }
-        errstats e = {0};
+        errstats e = {0}, e8 = {0};
         for (int64_t b = 0; b < a.q.batch; b++)
             compare_rows(&a.out, 0, &r.out, b, b, a.q.seqlen, &e);
-        rc = report_check(&e, a.out.dtype, "all rows against the float64 reference");
+        if (fp8_path) {
+            /* The kernel is checked on what it computed on: the inputs quantized
+             * as the layer quantizes them (fmha_quantize_fp8, per tensor). */
+            fp8_args f8;
+            char err[512];
+            fmha_config c8 = cfg;
+            c8.dtype = FMHA_DTYPE_F8_E4M3;
+            c8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+            if (fp8_args_make(&f8, &a, a.k.heads, FMHA_DESCALE_PER_TENSOR, 0, err, sizeof err)) {
+                fprintf(stderr, "fmha: %s\n", err);
+                free(reflse);
+                rc = 1;
+                goto done;
+            }
+            f8.a.out = r.out;
+            f8.a.lse = reflse;
+            st = fmha_reference_forward(&c8, &f8.a);
+            fp8_args_free(&f8);
+            if (st != FMHA_STATUS_OK) {
+                rc = fail_lib("reference failed", st);
+                free(reflse);
+                goto done;
+            }
+            for (int64_t b = 0; b < a.q.batch; b++)
+                compare_rows(&a.out, 0, &r.out, b, b, a.q.seqlen, &e8);
+            rc = report_check(&e8, a.out.dtype,
+                              "all rows against the float64 reference on the dequantized inputs");
+            printf("fp8 against the float64 reference on the file's inputs (quantization "
+                   "included): relative L2 = %.3g\n",
+                   e.ref2 > 0 ? sqrt(e.diff2 / e.ref2) : 0.0);
+        } else {
+            rc = report_check(&e, a.out.dtype, "all rows against the float64 reference");
+        }
         free(reflse);
     }
     if (rc == 0 && o->output && write_outputs(o->output, &a.out, packed, lse, kernel, NULL))
@@ -597,31 +643,44 @@ static int run_model(const options *o)
     fmha_layer_free(layer);
 
     rng_state = o->seed ? o->seed : 20261202;
-    const fmha_dtype dt = cfg.dtype;
+    /* FP8 runs quantize a bf16 source per tensor and write bf16. */
+    const int fp8 = cfg.dtype == FMHA_DTYPE_F8_E4M3;
+    const fmha_dtype dt = fp8 ? FMHA_DTYPE_BF16 : cfg.dtype;
     const int64_t d = p->head_dim;
     void *q = alloc_random(dt, batch * sq * p->heads * d);
     void *k = alloc_random(dt, batch * sk * p->kv_heads * d);
     void *v = alloc_random(dt, batch * sk * p->kv_heads * d);
     void *out = malloc((size_t)(batch * sq * p->heads * d) * fmha_dtype_size(dt));
     float *lse = malloc(sizeof(float) * (size_t)(batch * p->heads * sq));
+    fp8_args f8 = {0};
     int rc = 1;
     if (!q || !k || !v || !out || !lse) {
         fprintf(stderr, "fmha: out of memory for %s at %lld tokens\n", name, (long long)sq);
         goto done;
     }
-    fmha_forward_args a;
-    memset(&a, 0, sizeof a);
-    a.q = fmha_tensor_bshd(q, dt, batch, sq, p->heads, d);
-    a.k = fmha_tensor_bshd(k, dt, batch, sk, p->kv_heads, d);
-    a.v = fmha_tensor_bshd(v, dt, batch, sk, p->kv_heads, d);
-    a.out = fmha_tensor_bshd(out, dt, batch, sq, p->heads, d);
-    a.lse = lse;
-    a.seed = o->seed;
+    fmha_forward_args src, a;
+    memset(&src, 0, sizeof src);
+    src.q = fmha_tensor_bshd(q, dt, batch, sq, p->heads, d);
+    src.k = fmha_tensor_bshd(k, dt, batch, sk, p->kv_heads, d);
+    src.v = fmha_tensor_bshd(v, dt, batch, sk, p->kv_heads, d);
+    src.out = fmha_tensor_bshd(out, dt, batch, sq, p->heads, d);
+    src.lse = lse;
+    src.seed = o->seed;
+    a = src;
+    if (fp8) {
+        char err[512];
+        if (fp8_args_make(&f8, &src, p->kv_heads, FMHA_DESCALE_PER_TENSOR, 0, err, sizeof err)) {
+            fprintf(stderr, "fmha: %s\n", err);
+            goto done;
+        }
+        a = f8.a;
+    }
 
-    printf("%s (%s): q [%lld, %lld, %lld, %lld], k/v [%lld, %lld, %lld, %lld], %s%s, kernel %s\n",
+    printf("%s (%s): q [%lld, %lld, %lld, %lld], k/v [%lld, %lld, %lld, %lld], %s%s%s, kernel %s\n",
            p->name, p->model, (long long)batch, (long long)sq, (long long)p->heads, (long long)d,
            (long long)batch, (long long)sk, (long long)p->kv_heads, (long long)d,
-           fmha_dtype_name(dt), cfg.causal ? ", causal" : "", kernel);
+           fmha_dtype_name(dt), fp8 ? " quantized to f8_e4m3 (one scale per tensor)" : "",
+           cfg.causal ? ", causal" : "", kernel);
     fflush(stdout);
     double t0 = now_s();
     st = forward_with_progress(&cfg, &a);
@@ -644,36 +703,55 @@ static int run_model(const options *o)
          * runs on that slice alone. */
         const int64_t n = sq < 16 ? sq : 16;
         float *ref = malloc(sizeof(float) * (size_t)(n * p->heads * d));
-        errstats e = {0};
+        errstats e = {0}, e_src = {0};
         rc = 0;
-        for (int64_t b = 0; b < batch && ref; b++) {
-            fmha_forward_args r = a;
-            r.q.batch = r.k.batch = r.v.batch = 1;
-            r.q.data = (char *)q + ((b * sq + sq - n) * p->heads * d) * (int64_t)fmha_dtype_size(dt);
-            r.q.seqlen = n;
-            r.k.data = (char *)k + b * a.k.stride_batch * (int64_t)fmha_dtype_size(dt);
-            r.v.data = (char *)v + b * a.v.stride_batch * (int64_t)fmha_dtype_size(dt);
-            r.out = fmha_tensor_bshd(ref, FMHA_DTYPE_F32, 1, n, p->heads, d);
-            r.lse = NULL;
-            if ((st = fmha_reference_forward(&cfg, &r)) != FMHA_STATUS_OK) {
-                rc = fail_lib("reference failed", st);
-                break;
+        /* FP8: the kernel is checked on the inputs it computed on (the codes
+         * times their descales); the source's reference shows what the
+         * quantization itself costs. */
+        for (int pass = 0; pass < 1 + fp8 && ref && rc == 0; pass++) {
+            const fmha_forward_args *in = pass ? &src : &a;
+            const fmha_config *ref_cfg = &cfg;
+            fmha_config c16 = cfg;
+            c16.dtype = dt;
+            if (pass)
+                ref_cfg = &c16;
+            for (int64_t b = 0; b < batch; b++) {
+                fmha_forward_args r = *in;
+                const int64_t qes = (int64_t)fmha_dtype_size(in->q.dtype);
+                r.q.batch = r.k.batch = r.v.batch = 1;
+                r.q.data = (char *)in->q.data + ((b * sq + sq - n) * p->heads * d) * qes;
+                r.q.seqlen = n;
+                r.k.data = (char *)in->k.data + b * in->k.stride_batch * qes;
+                r.v.data = (char *)in->v.data + b * in->v.stride_batch * qes;
+                r.out = fmha_tensor_bshd(ref, FMHA_DTYPE_F32, 1, n, p->heads, d);
+                r.lse = NULL;
+                if ((st = fmha_reference_forward(ref_cfg, &r)) != FMHA_STATUS_OK) {
+                    rc = fail_lib("reference failed", st);
+                    break;
+                }
+                compare_rows(&a.out, sq - n, &r.out, b, 0, n, pass ? &e_src : &e);
             }
-            compare_rows(&a.out, sq - n, &r.out, b, 0, n, &e);
         }
         if (!ref)
             fprintf(stderr, "fmha: out of memory for the reference check\n");
         if (rc == 0 && ref) {
-            char what[96];
-            snprintf(what, sizeof what, "last %lld rows of every head against the float64 reference",
-                     (long long)n);
+            char what[128];
+            snprintf(what, sizeof what,
+                     "last %lld rows of every head against the float64 reference%s", (long long)n,
+                     fp8 ? " on the dequantized inputs" : "");
             rc = report_check(&e, dt, what);
+            if (fp8)
+                printf("fp8 against the float64 reference on the %s inputs (quantization "
+                       "included): relative L2 = %.3g (see `fmha accuracy`)\n",
+                       fmha_dtype_name(dt), e_src.ref2 > 0 ? sqrt(e_src.diff2 / e_src.ref2) : 0.0);
         }
         free(ref);
     }
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &a))
+    /* FP8 runs save their bf16 source: `fmha run OUT --dtype fp8 --check` reruns it. */
+    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &src))
         rc = 1;
 done:
+    fp8_args_free(&f8);
     free(q);
     free(k);
     free(v);
@@ -712,14 +790,24 @@ typedef struct bench_shape {
     int causal;
 } bench_shape;
 
-static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, double peak_f32,
-                     double peak_bf16)
+/* One benchmark line. dt f8_e4m3 times FP8 attention on a bf16 source
+ * quantized beforehand (per tensor); fp8_compute times a bf16 layer that
+ * quantizes on every call. */
+static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int fp8_compute,
+                     double peak_f32, double peak_bf16)
 {
     options oo = *o;
     oo.dtype = dt;
     oo.causal = s->causal;
     fmha_config cfg;
     config_from_options(&oo, &cfg, s->heads, s->kv, s->d, s->d);
+    if (fp8_compute)
+        cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    const fmha_dtype sdt = dt == FMHA_DTYPE_F8_E4M3 ? FMHA_DTYPE_BF16 : dt; /* source and out */
+    const char *label = fp8_compute                ? "fp8q"
+                        : dt == FMHA_DTYPE_F8_E4M3 ? "fp8"
+                                                   : fmha_dtype_name(dt);
+    fp8_args f8 = {0};
     fmha_layer *layer;
     fmha_status st = fmha_layer_init(&layer, &cfg);
     if (st != FMHA_STATUS_OK)
@@ -727,10 +815,10 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, doub
     const fmha_kernel_info *kinfo = fmha_layer_kernel(layer);
 
     rng_state = 1;
-    void *q = alloc_random(dt, s->batch * s->sq * s->heads * s->d);
-    void *k = alloc_random(dt, s->batch * s->sk * s->kv * s->d);
-    void *v = alloc_random(dt, s->batch * s->sk * s->kv * s->d);
-    void *out = malloc((size_t)(s->batch * s->sq * s->heads * s->d) * fmha_dtype_size(dt));
+    void *q = alloc_random(sdt, s->batch * s->sq * s->heads * s->d);
+    void *k = alloc_random(sdt, s->batch * s->sk * s->kv * s->d);
+    void *v = alloc_random(sdt, s->batch * s->sk * s->kv * s->d);
+    void *out = malloc((size_t)(s->batch * s->sq * s->heads * s->d) * fmha_dtype_size(sdt));
     int rc = 1;
     if (!q || !k || !v || !out) {
         fprintf(stderr, "fmha: out of memory for the benchmark inputs\n");
@@ -738,10 +826,18 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, doub
     }
     fmha_forward_args a;
     memset(&a, 0, sizeof a);
-    a.q = fmha_tensor_bshd(q, dt, s->batch, s->sq, s->heads, s->d);
-    a.k = fmha_tensor_bshd(k, dt, s->batch, s->sk, s->kv, s->d);
-    a.v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
-    a.out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
+    a.q = fmha_tensor_bshd(q, sdt, s->batch, s->sq, s->heads, s->d);
+    a.k = fmha_tensor_bshd(k, sdt, s->batch, s->sk, s->kv, s->d);
+    a.v = fmha_tensor_bshd(v, sdt, s->batch, s->sk, s->kv, s->d);
+    a.out = fmha_tensor_bshd(out, sdt, s->batch, s->sq, s->heads, s->d);
+    if (dt == FMHA_DTYPE_F8_E4M3) {
+        char qerr[512];
+        if (fp8_args_make(&f8, &a, s->kv, FMHA_DESCALE_PER_TENSOR, 0, qerr, sizeof qerr)) {
+            fprintf(stderr, "fmha: %s\n", qerr);
+            goto done;
+        }
+        a = f8.a;
+    }
 
     dev_args dev;
     char err[256];
@@ -793,6 +889,8 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, doub
         cJSON_AddBoolToObject(j, "causal", s->causal);
         cJSON_AddStringToObject(j, "device", o->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu");
         cJSON_AddStringToObject(j, "dtype", fmha_dtype_name(dt));
+        if (fp8_compute)
+            cJSON_AddStringToObject(j, "fp8_compute", "per_tensor");
         cJSON_AddStringToObject(j, "kernel", kinfo->name);
         cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : omp_get_max_threads());
         cJSON_AddNumberToObject(j, "iters", iters);
@@ -808,22 +906,56 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, doub
         free(txt);
         cJSON_Delete(j);
     } else if (o->device == FMHA_DEVICE_CUDA) {
-        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, fmha_dtype_name(dt), kinfo->name,
+        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, label, kinfo->name,
                med * 1e3, gflops * 1e-3);
     } else {
         printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)\n", shape,
-               fmha_dtype_name(dt), kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0,
+               label, kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0,
                peak_name, peak);
     }
     fflush(stdout);
     rc = 0;
 done:
     fmha_layer_free(layer);
+    fp8_args_free(&f8);
     free(q);
     free(k);
     free(v);
     free(out);
     return rc;
+}
+
+/* The shape of `bench` and `accuracy`: a preset or explicit sizes over `s`'s
+ * defaults. 0, or EXIT_USAGE for an unknown preset. */
+static int shape_from_options(const options *o, bench_shape *s)
+{
+    if (o->model) {
+        const fmha_preset *p = fmha_preset_find(o->model);
+        if (!p) {
+            fprintf(stderr, "fmha: unknown preset '%s' (see fmha --help)\n", o->model);
+            return EXIT_USAGE;
+        }
+        *s = (bench_shape){p->name, 1, p->seqlen_q, p->seqlen_k, p->heads, p->kv_heads,
+                           p->head_dim, p->causal || o->causal};
+        if (o->seqlen) {
+            s->sk = s->sq == s->sk ? o->seqlen : s->sk;
+            s->sq = o->seqlen;
+        }
+    } else {
+        if (o->seqlen)
+            s->sq = s->sk = o->seqlen;
+        if (o->heads)
+            s->heads = s->kv = o->heads;
+    }
+    if (o->batch)
+        s->batch = o->batch;
+    if (o->seqlen_k)
+        s->sk = o->seqlen_k;
+    if (o->kv_heads)
+        s->kv = o->kv_heads;
+    if (o->head_dim)
+        s->d = o->head_dim;
+    return 0;
 }
 
 static int cmd_bench(int argc, char **argv)
@@ -836,32 +968,8 @@ static int cmd_bench(int argc, char **argv)
         return EXIT_USAGE;
     }
     bench_shape s = {NULL, 1, 2048, 2048, 16, 16, 128, o.causal};
-    if (o.model) {
-        const fmha_preset *p = fmha_preset_find(o.model);
-        if (!p) {
-            fprintf(stderr, "fmha: unknown preset '%s' (see fmha --help)\n", o.model);
-            return EXIT_USAGE;
-        }
-        s = (bench_shape){p->name, 1, p->seqlen_q, p->seqlen_k, p->heads, p->kv_heads,
-                          p->head_dim, p->causal || o.causal};
-        if (o.seqlen) {
-            s.sk = s.sq == s.sk ? o.seqlen : s.sk;
-            s.sq = o.seqlen;
-        }
-    } else {
-        if (o.seqlen)
-            s.sq = s.sk = o.seqlen;
-        if (o.heads)
-            s.heads = s.kv = o.heads;
-    }
-    if (o.batch)
-        s.batch = o.batch;
-    if (o.seqlen_k)
-        s.sk = o.seqlen_k;
-    if (o.kv_heads)
-        s.kv = o.kv_heads;
-    if (o.head_dim)
-        s.d = o.head_dim;
+    if (shape_from_options(&o, &s))
+        return EXIT_USAGE;
 
     const int threads = o.threads ? o.threads : omp_get_max_threads();
     double peak_f32 = 0, peak_bf16 = 0;
@@ -872,10 +980,49 @@ static int cmd_bench(int argc, char **argv)
             printf("measured peaks on %d threads: f32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s\n",
                    threads, peak_f32, peak_bf16);
     }
+    if (o.dtype_set && o.dtype == FMHA_DTYPE_F8_E4M3) {
+        int rc = bench_one(&o, &s, FMHA_DTYPE_F8_E4M3, 0, peak_f32, peak_bf16);
+        rc = rc ? rc : bench_one(&o, &s, FMHA_DTYPE_BF16, 1, peak_f32, peak_bf16);
+        if (!rc && !o.json)
+            printf("fp8: FP8 attention on inputs quantized beforehand (per tensor); fp8q: a bf16 "
+                   "layer with fp8_compute, quantizing on every call\n");
+        return rc;
+    }
     if (o.dtype_set)
-        return bench_one(&o, &s, o.dtype, peak_f32, peak_bf16);
-    int rc = bench_one(&o, &s, FMHA_DTYPE_F32, peak_f32, peak_bf16);
-    return rc ? rc : bench_one(&o, &s, FMHA_DTYPE_BF16, peak_f32, peak_bf16);
+        return bench_one(&o, &s, o.dtype, 0, peak_f32, peak_bf16);
+    int rc = bench_one(&o, &s, FMHA_DTYPE_F32, 0, peak_f32, peak_bf16);
+    return rc ? rc : bench_one(&o, &s, FMHA_DTYPE_BF16, 0, peak_f32, peak_bf16);
+}
+
+/* --------------------------------------------------------- fmha accuracy */
+
+static int cmd_accuracy(int argc, char **argv)
+{
+    options o;
+    if (parse_options(argc, argv, &o))
+        return EXIT_USAGE;
+    if (o.input) {
+        fprintf(stderr, "fmha: accuracy takes no input file\n");
+        return EXIT_USAGE;
+    }
+    if (o.device != FMHA_DEVICE_CPU || (o.dtype_set && o.dtype != FMHA_DTYPE_F8_E4M3)) {
+        fprintf(stderr, "fmha: accuracy measures FP8 attention on the CPU (against bf16)\n");
+        return EXIT_USAGE;
+    }
+    bench_shape s = {NULL, 1, 2048, 2048, 8, 8, 128, o.causal};
+    if (shape_from_options(&o, &s))
+        return EXIT_USAGE;
+    options oo = o;
+    oo.dtype = FMHA_DTYPE_BF16;
+    oo.causal = s.causal;
+    fmha_config cfg;
+    config_from_options(&oo, &cfg, s.heads, s.kv, s.d, s.d);
+    fmha_kernel_info info;
+    fmha_status st = fmha_kernel_select(&cfg, &info);
+    if (st != FMHA_STATUS_OK)
+        return fail_lib("invalid configuration", st);
+    rng_state = o.seed ? o.seed : 20261202;
+    return fp8_accuracy_report(&cfg, s.batch, s.sq, s.sk, 256, rng_normal, stdout);
 }
 
 /* ------------------------------------------------------------ fmha check */
@@ -957,6 +1104,8 @@ int main(int argc, char **argv)
         return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "check"))
         return cmd_check(argc - 1, argv + 1);
+    if (!strcmp(cmd, "accuracy"))
+        return cmd_accuracy(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))
         return cmd_info();
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {

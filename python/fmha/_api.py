@@ -5,6 +5,7 @@ exceptions' text) and runs on the tensors' own memory, strides included."""
 import contextlib
 import sys
 import threading
+import warnings
 
 import numpy as np
 
@@ -82,12 +83,19 @@ def _device(device):
     raise ValueError("device %r is not cpu, cuda or cuda:N" % (device,))
 
 
+_FP8_MODES = {None: _lib.FP8_COMPUTE_OFF, "per_tensor": _lib.FP8_COMPUTE_PER_TENSOR,
+              "per_block": _lib.FP8_COMPUTE_PER_BLOCK}
+
+
 class _Options:
     """The per-layer options of fmha_config, checked for type here and for
     value by libfmha."""
 
-    def __init__(self, causal, softmax_scale, window, softcap, dropout_p):
+    def __init__(self, causal, softmax_scale, window, softcap, dropout_p, fp8=None):
         self.causal = bool(causal)
+        if fp8 not in _FP8_MODES:
+            raise ValueError("fp8 must be None, 'per_tensor' or 'per_block', got %r" % (fp8,))
+        self.fp8 = fp8
         if softmax_scale is None:
             self.softmax_scale = 0.0  # libfmha: 0 selects 1 / sqrt(head_dim)
         else:
@@ -115,6 +123,7 @@ class _Options:
         cfg.softcap = self.softcap
         cfg.dropout_p = self.dropout_p
         cfg.device = device
+        cfg.fp8_compute = _FP8_MODES[self.fp8]
         return cfg
 
 
@@ -287,15 +296,22 @@ class Attention:
     libfmha layers (kernel choice and workspace) are built per (dtype,
     device, value head dim) on first use and reused. `dtype`/`device` given
     here build that layer at once (and check that the device can run it).
+
+    fp8="per_tensor" (or "per_block": one scale per 128 tokens of a head)
+    quantizes q, k, v to FP8 E4M3 on every call and runs FP8 attention,
+    writing out in q's dtype; where no FP8 kernel takes the configuration the
+    layer runs q's dtype instead and warns once (RuntimeWarning) with
+    libfmha's reason. `fp8_path` tells which path the latest layer took.
     """
 
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
-                 dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None):
+                 dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None,
+                 fp8=None):
         self.num_heads = T.index(num_heads, "num_heads")
         self.head_size = T.index(head_size, "head_size")
         self.num_kv_heads = (self.num_heads if num_kv_heads is None
                              else T.index(num_kv_heads, "num_kv_heads"))
-        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
+        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8)
         self._layers = {}
         self._lock = threading.Lock()
         self._last = None
@@ -313,6 +329,15 @@ class Attention:
     window = property(lambda self: self._opts.window)
     softcap = property(lambda self: self._opts.softcap)
     dropout_p = property(lambda self: self._opts.dropout_p)
+    fp8 = property(lambda self: self._opts.fp8)
+
+    @property
+    def fp8_path(self):
+        """(path, reason) of the latest libfmha layer (fmha_layer_get_path):
+        path is "direct", "fp8" or "fp8_fallback"."""
+        layer = self._last or self._default or self._layer(_lib.DTYPE_BF16, _lib.DEVICE_CPU,
+                                                             None, self.head_size)
+        return layer.path, layer.path_reason
 
     def _config(self, dtype, device, head_dim_v):
         return self._opts.config(self.num_heads, self.num_kv_heads, self.head_size, head_dim_v,
@@ -333,6 +358,8 @@ class Attention:
                 with ctx:
                     layer = _lib.Layer(cfg)
                 self._layers[key] = layer
+                if layer.path == "fp8_fallback":  # once per libfmha layer
+                    warnings.warn("fmha: " + layer.path_reason, RuntimeWarning, stacklevel=2)
             self._last = layer
             return layer
 
@@ -370,6 +397,6 @@ class Attention:
 
     def __repr__(self):
         return ("Attention(num_heads=%d, head_size=%d, num_kv_heads=%d, causal=%s, "
-                "window=%s, softcap=%g, dropout_p=%g)"
+                "window=%s, softcap=%g, dropout_p=%g%s)"
                 % (self.num_heads, self.head_size, self.num_kv_heads, self.causal, self.window,
-                   self.softcap, self.dropout_p))
+                   self.softcap, self.dropout_p, ", fp8=%r" % self.fp8 if self.fp8 else ""))

@@ -273,6 +273,10 @@ class Layer:
         info = fmha_layer_kernel(self.handle).contents
         self.kernel_name = info.name.decode()
         self.kernel_device = DEVICE_NAMES.get(info.device, str(info.device))
+        reason = c_char_p()
+        path = fmha_layer_get_path(self.handle, ctypes.byref(reason))
+        self.path = fmha_layer_path_name(path).decode()
+        self.path_reason = (reason.value or b"").decode("utf-8", "replace")
         self._finalizer = weakref.finalize(self, fmha_layer_free, self.handle)
 
     def forward(self, args):

@@ -1,6 +1,8 @@
 """fmha.Attention, the layer object: validation at construction (the GQA
-message), kernel reporting, and forward / forward_varlen against the
-functional API and the reference."""
+message), kernel reporting, forward / forward_varlen against the functional
+API and the reference, and the fp8 option (its path, its fallback warning)."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,59 @@ def test_every_cpu_isa(rng, monkeypatch, isa):
         out = layer.forward(q, k, v)
         assert layer.kernel.startswith("cpu_%s_" % isa)
         ref.assert_close(out, ref.attention(q, k, v, causal=True, softcap=10.0)[0], dtype)
+
+
+# ------------------------------------------------------------------ fp8
+
+
+def _quantize_per_tensor(x):
+    """x's values after E4M3 quantization with one scale amax / 448, done with
+    ml_dtypes: an implementation of the format independent of libfmha's."""
+    x = np.asarray(x, dtype=np.float32)
+    scale = np.float32(np.abs(x).max()) / np.float32(448.0)
+    codes = np.clip(x / scale, -448, 448).astype(ref.ml_dtypes.float8_e4m3fn)
+    return codes.astype(np.float64) * np.float64(scale)
+
+
+@pytest.mark.skipif(ref.BF16 is None, reason="ml_dtypes is not installed")
+def test_fp8_layer_computes_on_quantized_inputs(rng):
+    layer = fmha.Attention(4, 64, causal=True, num_kv_heads=2, fp8="per_tensor")
+    q = ref.make(rng, (2, 70, 4, 64), "f32", "bhsd")
+    k, v = (ref.make(rng, (2, 90, 2, 64), "f32") for _ in range(2))
+    out = layer.forward(q, k, v)
+    path, reason = layer.fp8_path
+    assert path == "fp8" and "quantized to f8_e4m3 on each call" in reason, reason
+    assert layer.kernel.endswith("_f32")
+    want = ref.attention(*(_quantize_per_tensor(x) for x in (q, k, v)), causal=True)[0]
+    ref.assert_close(out, want, "f32", "fp8 against the reference on quantized inputs")
+    exact = ref.attention(q, k, v, causal=True)[0]
+    assert 1e-3 < ref.rel_l2(out, exact) < 0.08  # E4M3: 3 mantissa bits
+    assert "fp8='per_tensor'" in repr(layer)
+
+
+@pytest.mark.skipif(ref.BF16 is None, reason="ml_dtypes is not installed")
+def test_fp8_layer_per_block(rng):
+    layer = fmha.Attention(2, 32, fp8="per_block")
+    q, k, v = (ref.make(rng, (1, 300, 2, 32), "bf16") for _ in range(3))
+    out = layer.forward(q, k, v)
+    assert out.dtype == ref.BF16 and layer.fp8_path[0] == "fp8"
+    assert ref.rel_l2(out, ref.attention(q, k, v)[0]) < 0.08
+
+
+def test_fp8_fallback_warns_once(rng, monkeypatch):
+    monkeypatch.setenv("FMHA_FP8_ATTN", "0")  # libfmha reads it at each layer's choice
+    layer = fmha.Attention(4, 32, fp8="per_tensor")
+    plain = fmha.Attention(4, 32)
+    q, k, v = (ref.make(rng, (1, 20, 4, 32), "f16") for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="FP8 attention is unavailable.*FMHA_FP8_ATTN=0"):
+        out = layer.forward(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second call on the same layer stays quiet
+        out = layer.forward(q, k, v)
+    assert layer.fp8_path[0] == "fp8_fallback"
+    assert np.array_equal(out, plain.forward(q, k, v))
+
+
+def test_fp8_option_errors():
+    with pytest.raises(ValueError, match="fp8 must be None, 'per_tensor' or 'per_block'"):
+        fmha.Attention(4, 32, fp8="e5m2")

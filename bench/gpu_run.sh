@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [test] [sanitize] [sass] [bench|bench-quick] [cli] [variants] [debug]
+# usage: bench/gpu_run.sh [test] [sanitize] [sass] [ncu] [bench|bench-quick] [cli] [variants] [debug]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -29,6 +29,12 @@ for step in "$@"; do
         cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/cuda_hopper.cu.o > "$OUT/hopper.sass" 2>&1
         summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
         grep -E "hopper.*(spill|stack)" "$OUT/build.log" | head -4 ;;
+    ncu) # one Hopper launch of the flux shape under Nsight Compute (clocks left alone)
+        timeout 300 ncu --clock-control none --kernel-name regex:hopper_fwd --launch-skip 3 --launch-count 1 \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16 > "$OUT/ncu.txt" 2>&1
+        summary+=("ncu rc=$?")
+        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Stall|Warp Cycles Per Issued|Tensor|Pipe" "$OUT/ncu.txt" | head -30 ;;
     debug)
         FMHA_TEST_LONG=0 timeout 300 cuda-gdb -batch -ex run -ex bt -ex quit --args build-gpu/test_cuda 3 > "$OUT/debug.log" 2>&1
         tail -40 "$OUT/debug.log" ;;

@@ -30,11 +30,14 @@ using namespace fmha_cuda;
 #ifndef FMHA_HOPPER_BN_LARGE /* BN for D >= 192 */
 #define FMHA_HOPPER_BN_LARGE 64
 #endif
+#ifndef FMHA_HOPPER_STAGES_SMALL /* K/V ring depth for D <= 128 */
+#define FMHA_HOPPER_STAGES_SMALL 2
+#endif
 template <int D> struct htile {
     static constexpr int NCH = (D + 63) / 64;
     static constexpr int BM = 128;
     static constexpr int BN = D <= 128 ? FMHA_HOPPER_BN_SMALL : FMHA_HOPPER_BN_LARGE;
-    static constexpr int STAGES = 2;
+    static constexpr int STAGES = D <= 128 ? FMHA_HOPPER_STAGES_SMALL : 2;
     static constexpr int THREADS = 384; /* producer warpgroup + 2 consumers */
     static constexpr uint32_t Q_BYTES = NCH * BM * 128;
     static constexpr uint32_t KV_BYTES = NCH * BN * 128; /* one stage of K (or V) */

@@ -139,52 +139,10 @@ fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scale
                               fmha_fp8_scaling scaling, int64_t block_rows)
 {
     fmha_clear_error();
-    if (!x)
-        return INVALID("x is NULL");
-    if (!y)
-        return INVALID("y is NULL");
-    if (!scales)
-        return INVALID("scales is NULL");
-    fmha_status st;
-    if ((st = fmha_validate_tensor(x, "x")) != FMHA_STATUS_OK ||
-        (st = fmha_validate_tensor(y, "y")) != FMHA_STATUS_OK)
+    fmha_fp8_groups gr;
+    fmha_status st = fmha_validate_quantize(x, y, scales, scaling, block_rows, &gr);
+    if (st != FMHA_STATUS_OK)
         return st;
-    if (x->dtype != FMHA_DTYPE_F32 && x->dtype != FMHA_DTYPE_F16 && x->dtype != FMHA_DTYPE_BF16)
-        return INVALID("x.dtype (%s) must be f32, f16 or bf16", fmha_dtype_name(x->dtype));
-    if (y->dtype != FMHA_DTYPE_F8_E4M3)
-        return INVALID("y.dtype (%s) must be f8_e4m3", fmha_dtype_name(y->dtype));
-    if (x->batch != y->batch || x->seqlen != y->seqlen || x->heads != y->heads ||
-        x->head_dim != y->head_dim)
-        return INVALID("y's shape [%lld, %lld, %lld, %lld] differs from x's [%lld, %lld, %lld, "
-                       "%lld]: y holds one code per element of x",
-                       (long long)y->batch, (long long)y->seqlen, (long long)y->heads,
-                       (long long)y->head_dim, (long long)x->batch, (long long)x->seqlen,
-                       (long long)x->heads, (long long)x->head_dim);
-
-    /* Groups: nb x nh x nblk, each spanning bw batches, hw heads, rows tokens. */
-    int64_t nb = x->batch, nh = x->heads, nblk = 1, bw = 1, hw = 1, rows = x->seqlen;
-    switch (scaling) {
-    case FMHA_FP8_PER_TENSOR:
-        nb = nh = 1;
-        bw = x->batch;
-        hw = x->heads;
-        break;
-    case FMHA_FP8_PER_HEAD: break;
-    case FMHA_FP8_PER_BLOCK:
-        if (block_rows <= 0)
-            return INVALID("block_rows (%lld) must be positive for FMHA_FP8_PER_BLOCK",
-                           (long long)block_rows);
-        rows = block_rows;
-        nblk = x->seqlen / block_rows + (x->seqlen % block_rows != 0);
-        break;
-    default: return INVALID("scaling (%d) is not a fmha_fp8_scaling value", (int)scaling);
-    }
-    int64_t ngroups;
-    if (__builtin_mul_overflow(nb, nh, &ngroups) ||
-        __builtin_mul_overflow(ngroups, nblk, &ngroups) ||
-        ngroups > INT64_MAX / (int64_t)sizeof(float))
-        return INVALID("%lld x %lld x %lld scales: the byte size overflows int64", (long long)nb,
-                       (long long)nh, (long long)nblk);
 
     /* An infinity would make amax, and so every code of its group, meaningless. */
     int64_t at[4];
@@ -193,9 +151,10 @@ fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scale
                        "(NaN is allowed and stays NaN)",
                        (long long)at[0], (long long)at[1], (long long)at[2], (long long)at[3]);
 
-    for (int64_t gb = 0; gb < nb; gb++)
-        for (int64_t gh = 0; gh < nh; gh++)
-            for (int64_t k = 0; k < nblk; k++) {
+    const int64_t bw = gr.batch_span, hw = gr.head_span, rows = gr.rows;
+    for (int64_t gb = 0; gb < gr.n_batch; gb++)
+        for (int64_t gh = 0; gh < gr.n_head; gh++)
+            for (int64_t k = 0; k < gr.n_block; k++) {
                 int64_t s0 = k * rows;
                 fp8_group g = {gb * bw, gb * bw + bw,
                                s0,      rows >= x->seqlen - s0 ? x->seqlen : s0 + rows,
@@ -203,7 +162,7 @@ fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scale
                 float scale = group_amax(x, &g) / 448.0f;
                 if (scale == 0.0f)
                     scale = 1.0f;
-                scales[(gb * nh + gh) * nblk + k] = scale;
+                scales[(gb * gr.n_head + gh) * gr.n_block + k] = scale;
                 group_quantize(x, y, &g, scale);
             }
     return FMHA_STATUS_OK;

@@ -54,6 +54,23 @@ fmha_status fmha_validate_config(const fmha_config *cfg);
 fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,
                                   fmha_problem *pb);
 
+/* A validated FP8 quantization: its scaling groups are n_batch x n_head x
+ * n_block, each spanning batch_span batches, head_span heads and `rows`
+ * tokens (the last block of a sequence may be shorter); `count` entries of
+ * scales, in that order. */
+typedef struct fmha_fp8_groups {
+    int64_t n_batch, n_head, n_block;
+    int64_t batch_span, head_span, rows;
+    int64_t count;
+} fmha_fp8_groups;
+
+/* Checks the arguments of an FP8 quantization, for every backend (the one
+ * place this happens), and fills `g`. The values of x are not read here: the
+ * CPU quantizer refuses infinities itself. */
+fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
+                                   fmha_fp8_scaling scaling, int64_t block_rows,
+                                   fmha_fp8_groups *g);
+
 /* Per-sequence geometry: where sequence b starts and how long it is. */
 static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q0, int64_t *sq,
                                    int64_t *k0, int64_t *sk)

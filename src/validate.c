@@ -304,3 +304,55 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
     }
     return FMHA_STATUS_OK;
 }
+
+fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
+                                   fmha_fp8_scaling scaling, int64_t block_rows,
+                                   fmha_fp8_groups *g)
+{
+    if (!x)
+        return INVALID("x is NULL");
+    if (!y)
+        return INVALID("y is NULL");
+    if (!scales)
+        return INVALID("scales is NULL");
+    fmha_status st;
+    if ((st = fmha_validate_tensor(x, "x")) != FMHA_STATUS_OK ||
+        (st = fmha_validate_tensor(y, "y")) != FMHA_STATUS_OK)
+        return st;
+    if (x->dtype != FMHA_DTYPE_F32 && x->dtype != FMHA_DTYPE_F16 && x->dtype != FMHA_DTYPE_BF16)
+        return INVALID("x.dtype (%s) must be f32, f16 or bf16", fmha_dtype_name(x->dtype));
+    if (y->dtype != FMHA_DTYPE_F8_E4M3)
+        return INVALID("y.dtype (%s) must be f8_e4m3", fmha_dtype_name(y->dtype));
+    if (x->batch != y->batch || x->seqlen != y->seqlen || x->heads != y->heads ||
+        x->head_dim != y->head_dim)
+        return INVALID("y's shape [%lld, %lld, %lld, %lld] differs from x's [%lld, %lld, %lld, "
+                       "%lld]: y holds one code per element of x",
+                       (long long)y->batch, (long long)y->seqlen, (long long)y->heads,
+                       (long long)y->head_dim, (long long)x->batch, (long long)x->seqlen,
+                       (long long)x->heads, (long long)x->head_dim);
+
+    fmha_fp8_groups r = {x->batch, x->heads, 1, 1, 1, x->seqlen, 0};
+    switch (scaling) {
+    case FMHA_FP8_PER_TENSOR:
+        r.n_batch = r.n_head = 1;
+        r.batch_span = x->batch;
+        r.head_span = x->heads;
+        break;
+    case FMHA_FP8_PER_HEAD: break;
+    case FMHA_FP8_PER_BLOCK:
+        if (block_rows <= 0)
+            return INVALID("block_rows (%lld) must be positive for FMHA_FP8_PER_BLOCK",
+                           (long long)block_rows);
+        r.rows = block_rows;
+        r.n_block = x->seqlen / block_rows + (x->seqlen % block_rows != 0);
+        break;
+    default: return INVALID("scaling (%d) is not a fmha_fp8_scaling value", (int)scaling);
+    }
+    if (mul_overflows(r.n_batch, r.n_head, &r.count) ||
+        mul_overflows(r.count, r.n_block, &r.count) ||
+        r.count > INT64_MAX / (int64_t)sizeof(float))
+        return INVALID("%lld x %lld x %lld scales: the byte size overflows int64",
+                       (long long)r.n_batch, (long long)r.n_head, (long long)r.n_block);
+    *g = r;
+    return FMHA_STATUS_OK;
+}

@@ -1070,8 +1070,9 @@ static int cmd_info(void)
            cuda_built ? "built (sm_80 and later)" : "not built");
     fmha_cpu_isa isa = fmha_cpu_isa_detect();
     printf("cpu: best ISA %s, OpenMP threads %d\n", fmha_cpu_isa_name(isa), omp_get_max_threads());
-    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
-    for (int i = 0; i < 3; i++) {
+    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16,
+                                     FMHA_DTYPE_F8_E4M3};
+    for (int i = 0; i < 4; i++) {
         fmha_config cfg;
         fmha_kernel_info k;
         fmha_config_init(&cfg, 1, 1, 128);

@@ -28,7 +28,7 @@ void fp8_args_free(fp8_args *f);
  * channels, the relative L2 error of FP8 attention (each descale layout)
  * against the float64 reference and against the bf16 path, on a bf16
  * configuration `cfg` (shape, mask, threads) and `batch` x `seqlen_q` x
- * `seqlen_k`. The reference covers the last `rows` query rows of each
+ * `seqlen_k`. Errors are taken over the last `rows` query rows of each
  * sequence; `normal` draws the inputs. Prints a table to `out`; 0 on success. */
 int fp8_accuracy_report(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64_t seqlen_k,
                         int64_t rows, double (*normal)(void), FILE *out);

@@ -1,0 +1,59 @@
+"""fp8_error_split.py — where FP8 attention's error comes from: float64 numpy
+attention with only some of q, k, v quantized to E4M3 (one scale per tensor,
+amax / 448, through ml_dtypes: independent of libfmha), on Gaussian inputs and
+on K with the outlier channels `fmha accuracy` uses (x20, x40, x70, x100).
+
+usage: python3 bench/fp8_error_split.py [--seqlen S] [--heads H] [--head-dim D]
+"""
+import argparse
+
+import ml_dtypes
+import numpy as np
+
+GAINS = [20, 40, 70, 100]  # channel (j * 37 + 5) % D gets GAINS[j], as in tools/fp8_cli.c
+
+
+def quantize(x):
+    scale = np.float32(np.abs(x).max()) / np.float32(448.0)
+    codes = np.clip(x / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    return codes.astype(np.float64) * np.float64(scale)
+
+
+def attention(q, k, v):
+    s = np.einsum("shd,thd->hst", q, k) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("hst,thd->shd", p / p.sum(-1, keepdims=True), v)
+
+
+def rel_l2(x, ref):
+    return np.linalg.norm(x - ref) / np.linalg.norm(ref)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlen", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=128)
+    opt = ap.parse_args()
+    rng = np.random.default_rng(0)
+    shape = (opt.seqlen, opt.heads, opt.head_dim)
+    which = ["q, k, v", "q", "k", "v", "q, k"]
+    print("relative L2 error against float64 attention on the unquantized inputs, "
+          "[%d, %d, %d]" % shape)
+    print("%-12s" % "inputs" + "".join("%12s" % ("FP8 " + w) for w in which))
+    for kind in ("gaussian", "K outliers"):
+        q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+        if kind != "gaussian":
+            for j, g in enumerate(GAINS):
+                k[:, :, (j * 37 + 5) % opt.head_dim] *= np.float32(g)
+        ref = attention(q, k, v)
+        errs = []
+        for w in which:
+            args = [quantize(x) if name in w.split(", ") else x.astype(np.float64)
+                    for name, x in zip("qkv", (q, k, v))]
+            errs.append(rel_l2(attention(*args), ref))
+        print("%-12s" % kind + "".join("%12.3e" % e for e in errs))
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [test] [sanitize] [sass] [ncu] [bench|bench-quick] [cli] [variants] [debug]
+# usage: bench/gpu_run.sh [test] [sanitize] [sass] [ncu] [bench|bench-quick] [cli] [variants] [debug] [quant]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -62,6 +62,15 @@ for step in "$@"; do
             echo "== variant $i: $flags $(grep -c 'spill' "$OUT/v$i.build.log") spill lines"
             python3 bench/bench_cuda.py --lib build-v$i/libfmha.so --quick --no-peers 2>&1 | grep -v "^|" | grep -v "^#"
         done ;;
+    quant) # the FP8 quantizer: bit for bit against the CPU's, memcheck on a few cases, the bench
+        timeout 300 build-gpu/test_cuda_fp8 > "$OUT/test_cuda_fp8.log" 2>&1
+        summary+=("test_cuda_fp8 rc=$? $(tail -1 "$OUT/test_cuda_fp8.log")")
+        grep -B1 FAIL "$OUT/test_cuda_fp8.log" | head -20
+        FMHA_TEST_CASES=20 FMHA_TEST_LONG=0 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            build-gpu/test_cuda_fp8 > "$OUT/memcheck_fp8.log" 2>&1
+        summary+=("memcheck fp8 rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_fp8.log" | tail -1)")
+        python3 bench/bench_quant.py --lib build-gpu/libfmha.so > "$OUT/bench_quant.log" 2>&1
+        summary+=("bench_quant rc=$?"); cat "$OUT/bench_quant.log" ;;
     bench|bench-quick)
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1

@@ -366,6 +366,22 @@ float fmha_e4m3_to_f32(uint8_t x);
 fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scales,
                               fmha_fp8_scaling scaling, int64_t block_rows);
 
+/* fmha_quantize_fp8 on the current CUDA device: the same arguments and the
+ * same scales and codes, bit for bit, with x, y and scales in device memory
+ * (host memory is refused) and the work queued on `stream` (a cudaStream_t;
+ * NULL = the default stream); the call returns before the results are there.
+ * One kernel launch per call. Groups of up to 64 KiB of x are read once;
+ * bigger ones, and FMHA_FP8_PER_TENSOR always, twice (the whole group's amax
+ * comes before its first code), the second time partly from L2. `scales`
+ * serves as the kernel's scratch until the launch completes.
+ * One difference: the CPU refuses an infinite x, which the GPU cannot do
+ * without waiting for the kernel. Instead a group holding an infinity gets
+ * scale NaN and NaN codes (0x7F / 0xFF by the sign of x); check the scales
+ * if x may hold one. UNSUPPORTED when fmha was built without CUDA or finds no
+ * device of compute capability 8.0 or later. */
+fmha_status fmha_quantize_fp8_cuda(const fmha_tensor *x, fmha_tensor *y, float *scales,
+                                   fmha_fp8_scaling scaling, int64_t block_rows, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

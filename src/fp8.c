@@ -1,8 +1,11 @@
 /* fp8.c — FP8 E4M3 (OCP E4M3FN) element conversions and the CPU quantizer:
  * f32/f16/bf16 tensors to E4M3 codes plus one float scale per group. This
  * file is the definition; every other backend's quantizer must match it bit
- * for bit. */
+ * for bit (the CUDA one, src/cuda/cuda_fp8.cu, is entered from here). */
 #include "internal.h"
+#ifdef FMHA_HAVE_CUDA
+#include "cuda/cuda.h"
+#endif
 
 #include <math.h>
 
@@ -166,4 +169,22 @@ fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scale
                 group_quantize(x, y, &g, scale);
             }
     return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_quantize_fp8_cuda(const fmha_tensor *x, fmha_tensor *y, float *scales,
+                                   fmha_fp8_scaling scaling, int64_t block_rows, void *stream)
+{
+    fmha_clear_error();
+    fmha_fp8_groups gr;
+    fmha_status st = fmha_validate_quantize(x, y, scales, scaling, block_rows, &gr);
+    if (st != FMHA_STATUS_OK)
+        return st;
+#ifdef FMHA_HAVE_CUDA
+    return fmha_cuda_quantize_fp8(x, y, scales, &gr, stream);
+#else
+    (void)stream;
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                          "fmha_quantize_fp8_cuda: this fmha was built without a CUDA backend "
+                          "(fmha_quantize_fp8 quantizes host memory)");
+#endif
 }

@@ -2,7 +2,8 @@
  * encoder (every code, random floats, every midpoint and its neighbours);
  * fmha_quantize_fp8 against scales and codes recomputed here: every scaling,
  * input dtype and layout, padded outputs, degenerate groups, and every
- * argument check leaving y and scales untouched; FP8 attention against the
+ * argument check leaving y and scales untouched (on fmha_quantize_fp8_cuda
+ * too, whose GPU results test_cuda_fp8 checks); FP8 attention against the
  * reference on the dequantized inputs over random cases of the shared list
  * (every descale layout, GQA, varlen, masks, dropout, poisoned outputs); and
  * the fp8_compute layer: bit-identical to quantize + FP8 attention, its path
@@ -411,7 +412,9 @@ static void ef_init(err_fixture *f)
 }
 
 /* Calls the quantizer and expects INVALID_ARGUMENT, `phrase` in the message
- * and nothing written. */
+ * and nothing written. fmha_quantize_fp8_cuda runs the same argument checks
+ * before anything else, so it must answer the same on every build, GPU or
+ * not (infinities aside: it does not read x on the host). */
 static void expect_invalid(err_fixture *f, const fmha_tensor *x, fmha_tensor *y, float *scales,
                            fmha_fp8_scaling sc, int64_t br, const char *phrase)
 {
@@ -420,6 +423,12 @@ static void expect_invalid(err_fixture *f, const fmha_tensor *x, fmha_tensor *y,
     TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT, "[%s]: status %s", phrase,
              fmha_status_string(st));
     TU_CHECK(strstr(msg, phrase) != NULL, "message \"%s\" lacks \"%s\"", msg, phrase);
+    if (!strstr(phrase, "infinite")) {
+        st = fmha_quantize_fp8_cuda(x, y, scales, sc, br, NULL);
+        msg = fmha_last_error();
+        TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT && strstr(msg, phrase) != NULL,
+                 "[%s] on the CUDA entry point: %s, \"%s\"", phrase, fmha_status_string(st), msg);
+    }
     int y_ok = 1, s_ok = 1;
     for (size_t i = 0; i < sizeof f->yd; i++)
         y_ok &= f->yd[i] == POISON;
@@ -476,6 +485,21 @@ static void test_errors(void)
     hd[7] = 0xFC00; /* f16 -inf */
     x = fmha_tensor_bshd(hd, FMHA_DTYPE_F16, EB, ES, EH, ED);
     expect_invalid(&f, &x, &f.y, f.scales, FMHA_FP8_PER_HEAD, 0, "x[0, 0, 1, 3] is infinite");
+
+    /* Valid arguments in host memory: the CUDA entry point refuses them (host
+     * memory where there is a GPU, UNSUPPORTED where there is none or no CUDA
+     * build) and writes nothing. */
+    ef_init(&f);
+    fmha_status cst = fmha_quantize_fp8_cuda(&f.x, &f.y, f.scales, PB, EBR, NULL);
+    TU_CHECK((cst == FMHA_STATUS_INVALID_ARGUMENT && strstr(fmha_last_error(), "host memory")) ||
+                 cst == FMHA_STATUS_UNSUPPORTED,
+             "CUDA entry point on host memory: %s, \"%s\"", fmha_status_string(cst), fmha_last_error());
+    int untouched = 1;
+    for (size_t i = 0; i < sizeof f.yd; i++)
+        untouched &= f.yd[i] == POISON;
+    for (size_t i = 0; i < sizeof f.scales; i++)
+        untouched &= ((const unsigned char *)f.scales)[i] == POISON;
+    TU_CHECK(untouched, "the CUDA entry point wrote host memory");
 
     /* block_rows is ignored outside PER_BLOCK, and a success clears the error. */
     ef_init(&f);

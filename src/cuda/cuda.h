@@ -1,5 +1,6 @@
 /* cuda.h — the CUDA backend's entry points, callable from C. Built only when
- * CMake finds nvcc (FMHA_HAVE_CUDA); cuda_flash.cu holds the kernel. */
+ * CMake finds nvcc (FMHA_HAVE_CUDA); cuda_flash.cu holds the attention
+ * kernel, cuda_fp8.cu the FP8 quantizer. */
 #ifndef FMHA_CUDA_H
 #define FMHA_CUDA_H
 
@@ -32,6 +33,12 @@ const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, con
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */
 fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel);
+
+/* fmha_quantize_fp8_cuda after validation (fp8.c): checks the device and that
+ * x, y and scales are device memory, then queues one kernel on `stream`
+ * (cuda_fp8.cu). */
+fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_tensor *y, float *scales,
+                                   const fmha_fp8_groups *g, void *stream);
 
 #ifdef __cplusplus
 }

@@ -86,6 +86,83 @@ __device__ __forceinline__ float tanh_fast(float x)
     return 1.0f - __fdividef(2.0f, exp2_approx(2.8853900817779268f * x) + 1.0f);
 }
 
+/* One block's queries [m0, m0 + rows) of sequence b, head h, and the keys
+ * [kv_begin, kv_end) any of them sees. Both kernels number their blocks the
+ * same way: blockIdx = (query block from the end, head, sequence). */
+struct block_span {
+    int64_t m0, q0, sq, k0, sk, tb; /* q0, k0: packed offsets; tb: batch index into the tensors */
+    int h, b, hk, rows;
+    int64_t lo_first, hi_first, lo_last, hi_last; /* visible keys of the first and the last row */
+    int64_t kv_begin, kv_end;
+    int ntiles; /* tiles of BN keys from kv_begin */
+};
+
+/* False when the block lies past its sequence's end. Late query blocks see
+ * the most keys under a causal mask, so they are numbered (and start) first.
+ * Tiles start at a multiple of 8 keys: a thread's key pair (2c, 2c + 1) then
+ * never straddles two dropout draws of four keys. */
+__device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM, int BN)
+{
+    s.m0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
+    s.h = blockIdx.y;
+    s.b = blockIdx.z;
+    s.q0 = 0, s.sq = p.sq, s.k0 = 0, s.sk = p.sk, s.tb = s.b;
+    if (p.varlen) {
+        s.q0 = p.cu_q[s.b];
+        s.sq = p.cu_q[s.b + 1] - s.q0;
+        s.k0 = p.cu_k[s.b];
+        s.sk = p.cu_k[s.b + 1] - s.k0;
+        s.tb = 0;
+    }
+    if (s.m0 >= s.sq)
+        return false;
+    s.rows = (int)min64(BM, s.sq - s.m0);
+    s.hk = s.h / p.group;
+    /* The visible intervals move right with the row. */
+    fmha_mask_range(p.causal, p.window_left, p.window_right, s.m0, s.sq, s.sk, &s.lo_first,
+                    &s.hi_first);
+    fmha_mask_range(p.causal, p.window_left, p.window_right, s.m0 + s.rows - 1, s.sq, s.sk,
+                    &s.lo_last, &s.hi_last);
+    s.kv_begin = s.lo_first & ~(int64_t)7;
+    s.kv_end = s.hi_last;
+    s.ntiles = s.kv_end > s.kv_begin ? (int)((s.kv_end - s.kv_begin + BN - 1) / BN) : 0;
+    return true;
+}
+
+/* Every row of the block sees every key of [n0, n0 + BN): no mask needed. */
+__device__ __forceinline__ bool block_span_full(const block_span &s, int64_t n0, int BN)
+{
+    return n0 + BN <= s.kv_end && s.lo_last <= n0 && n0 + BN <= s.hi_first;
+}
+
+/* Output row r of the block. */
+__device__ __forceinline__ char *block_out_row(const flash_params &p, const block_span &s, int r)
+{
+    return (char *)p.o + (s.tb * p.o_sb + (s.q0 + s.m0 + r) * p.o_ss + s.h * p.o_sh) *
+                             (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
+}
+
+/* Element c of an output row, in out's dtype. */
+__device__ __forceinline__ void store_out(const flash_params &p, char *orow, int c, float x)
+{
+    if (p.out_dtype == FMHA_DTYPE_F32)
+        ((float *)orow)[c] = x;
+    else if (p.out_dtype == FMHA_DTYPE_BF16)
+        ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
+    else
+        ((__half *)orow)[c] = __float2half_rn(x);
+}
+
+/* LSE of row r from its running max (log2 domain) and sum; -inf for a row
+ * that saw no key. */
+__device__ __forceinline__ void store_lse(const flash_params &p, const block_span &s, int r,
+                                          float m_log2, float l)
+{
+    const int64_t idx = p.varlen ? (int64_t)s.h * p.total_q + s.q0 + s.m0 + r
+                                 : ((int64_t)s.b * p.heads + s.h) * s.sq + s.m0 + r;
+    p.lse[idx] = l > 0.0f ? (m_log2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
+}
+
 inline fmha_status cuda_error(cudaError_t err, const char *what)
 {
     return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "CUDA error in %s: %s (%s)", what,

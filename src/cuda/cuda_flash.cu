@@ -125,34 +125,16 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
     T *sK = sQ + BM * DS;     /* [2][BN][DS] */
     T *sV = sK + 2 * BN * DS; /* [2][BN][DS] */
 
-    /* Blocks of late queries see the most keys under a causal mask: start them first. */
-    const int64_t m0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
-    const int h = blockIdx.y, b = blockIdx.z;
-    int64_t q0 = 0, sq = p.sq, k0 = 0, sk = p.sk, tb = b;
-    if (p.varlen) {
-        q0 = p.cu_q[b];
-        sq = p.cu_q[b + 1] - q0;
-        k0 = p.cu_k[b];
-        sk = p.cu_k[b + 1] - k0;
-        tb = 0;
-    }
-    if (m0 >= sq)
+    block_span bs;
+    if (!block_span_init(bs, p, BM, BN))
         return;
-    const int rows = (int)min64(BM, sq - m0);
-    const int hk = h / p.group;
+    const int64_t m0 = bs.m0, q0 = bs.q0, sq = bs.sq, k0 = bs.k0, sk = bs.sk, tb = bs.tb;
+    const int h = bs.h, b = bs.b, hk = bs.hk, rows = bs.rows;
+    const int64_t kv_begin = bs.kv_begin, kv_end = bs.kv_end;
+    const int ntiles = bs.ntiles;
     const T *gq = (const T *)p.q + tb * p.q_sb + (q0 + m0) * p.q_ss + h * p.q_sh;
     const T *gk = (const T *)p.k + tb * p.k_sb + k0 * p.k_ss + hk * p.k_sh;
     const T *gv = (const T *)p.v + tb * p.v_sb + k0 * p.v_ss + hk * p.v_sh;
-
-    /* Keys any row of the block sees: the intervals move right with the row. */
-    int64_t lo_first, hi_first, lo_last, hi_last;
-    fmha_mask_range(p.causal, p.window_left, p.window_right, m0, sq, sk, &lo_first, &hi_first);
-    fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + rows - 1, sq, sk, &lo_last,
-                    &hi_last);
-    /* Tiles start at a multiple of 8 keys: a thread's key pair (2c, 2c + 1)
-     * then never straddles two dropout draws of four keys. */
-    const int64_t kv_begin = lo_first & ~(int64_t)7, kv_end = hi_last;
-    const int ntiles = kv_end > kv_begin ? (int)((kv_end - kv_begin + BN - 1) / BN) : 0;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     /* Fragment rows of this thread: m-tile mt, half rh -> block row
@@ -231,7 +213,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
         }
 
         /* Mask keys a row does not see (and the zero rows past the tile). */
-        const bool full = nvalid == BN && lo_last <= n0 && n0 + BN <= hi_first;
+        const bool full = block_span_full(bs, n0, BN);
         if (!full) { /* rare: the bounds are recomputed rather than held in registers */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -346,8 +328,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
             if (r >= rows)
                 continue;
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            char *orow = (char *)p.o + ((tb * p.o_sb + (q0 + m0 + r) * p.o_ss + h * p.o_sh) *
-                                        (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2));
+            char *orow = block_out_row(p, bs, r);
 #pragma unroll
             for (int i = 0; i < D / 8; i++)
 #pragma unroll
@@ -355,19 +336,10 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
                     const int c = i * 8 + (lane % 4) * 2 + e;
                     if (c >= p.dv)
                         continue;
-                    const float x = o[mt][i][2 * rh + e] * inv;
-                    if (p.out_dtype == FMHA_DTYPE_F32)
-                        ((float *)orow)[c] = x;
-                    else if (p.out_dtype == FMHA_DTYPE_BF16)
-                        ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
-                    else
-                        ((__half *)orow)[c] = __float2half_rn(x);
+                    store_out(p, orow, c, o[mt][i][2 * rh + e] * inv);
                 }
-            if (p.lse && lane % 4 == 0) {
-                const int64_t idx = p.varlen ? (int64_t)h * p.total_q + q0 + m0 + r
-                                             : ((int64_t)b * p.heads + h) * sq + m0 + r;
-                p.lse[idx] = l > 0.0f ? (m_row[mt][rh] + log2f(l)) * 0.69314718055994531f : -INFINITY;
-            }
+            if (p.lse && lane % 4 == 0)
+                store_lse(p, bs, r, m_row[mt][rh], l);
         }
 }
 

@@ -287,29 +287,13 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     auto k_empty = [&](int s) { return bar_q + 8u * (1u + 2 * STAGES + s); };
     auto v_empty = [&](int s) { return bar_q + 8u * (1u + 3 * STAGES + s); };
 
-    /* Late query blocks see the most keys under a causal mask: start them first. */
-    const int64_t m0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
-    const int h = blockIdx.y, b = blockIdx.z;
-    int64_t q0 = 0, sq = p.sq, k0 = 0, sk = p.sk, tb = b;
-    if (p.varlen) {
-        q0 = p.cu_q[b];
-        sq = p.cu_q[b + 1] - q0;
-        k0 = p.cu_k[b];
-        sk = p.cu_k[b + 1] - k0;
-        tb = 0;
-    }
-    if (m0 >= sq)
+    block_span bs;
+    if (!block_span_init(bs, p, BM, BN))
         return;
-    const int rows = (int)min64(BM, sq - m0);
-    const int hk = h / p.group;
-    int64_t lo_first, hi_first, lo_last, hi_last;
-    fmha_mask_range(p.causal, p.window_left, p.window_right, m0, sq, sk, &lo_first, &hi_first);
-    fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + rows - 1, sq, sk, &lo_last,
-                    &hi_last);
-    /* Tiles start at a multiple of 8 keys so a thread's key pair never
-     * straddles two dropout draws (as in the portable kernel). */
-    const int64_t kv_begin = lo_first & ~(int64_t)7, kv_end = hi_last;
-    const int ntiles = kv_end > kv_begin ? (int)((kv_end - kv_begin + BN - 1) / BN) : 0;
+    const int64_t m0 = bs.m0, q0 = bs.q0, sq = bs.sq, k0 = bs.k0, sk = bs.sk, tb = bs.tb;
+    const int h = bs.h, b = bs.b, hk = bs.hk, rows = bs.rows;
+    const int64_t kv_begin = bs.kv_begin, kv_end = bs.kv_end;
+    const int ntiles = bs.ntiles;
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -368,10 +352,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             mbar_arrive(bar);
     };
     auto tile_n0 = [&](int t) { return kv_begin + (int64_t)t * BN; };
-    auto tile_full = [&](int t) {
-        const int64_t n0 = tile_n0(t);
-        return n0 + BN <= kv_end && lo_last <= n0 && n0 + BN <= hi_first;
-    };
+    auto tile_full = [&](int t) { return block_span_full(bs, tile_n0(t), BN); };
     auto tile_valid = [&](int t) { return (int)min64(BN, kv_end - tile_n0(t)); };
 
     float o[D / 2];
@@ -452,13 +433,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         inv[rh] = l > 0.0f ? 1.0f / l : 0.0f;
         const int r = row0 + 8 * rh;
-        if (p.lse && lane % 4 == 0 && r < rows) {
-            const int64_t idx = p.varlen ? (int64_t)h * p.total_q + q0 + m0 + r
-                                         : ((int64_t)b * p.heads + h) * sq + m0 + r;
-            p.lse[idx] = l > 0.0f ? (m_row[rh] + log2f(l)) * 0.69314718055994531f : -INFINITY;
-        }
+        if (p.lse && lane % 4 == 0 && r < rows)
+            store_lse(p, bs, r, m_row[rh], l);
     }
-    const int64_t out_elem = p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2;
     if (hp.o_vec) {
         /* Stage the warpgroup's 64 rows in its own (consumed) Q rows, in the
          * same swizzled chunks, then write whole 16-byte pieces of rows. */
@@ -482,8 +459,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 continue;
             const uint4 val =
                 *(const uint4 *)(smem + (u / 8) * BM * 128 + r * 128 + (((u % 8) ^ (r % 8)) * 16));
-            char *orow = (char *)p.o + (tb * p.o_sb + (q0 + m0 + r) * p.o_ss + h * p.o_sh) * 2;
-            *(uint4 *)(orow + u * 16) = val;
+            *(uint4 *)(block_out_row(p, bs, r) + u * 16) = val;
         }
         return;
     }
@@ -492,7 +468,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         const int r = row0 + 8 * rh;
         if (r >= rows)
             continue;
-        char *orow = (char *)p.o + (tb * p.o_sb + (q0 + m0 + r) * p.o_ss + h * p.o_sh) * out_elem;
+        char *orow = block_out_row(p, bs, r);
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
 #pragma unroll
@@ -500,13 +476,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 const int c = j * 8 + (lane % 4) * 2 + e;
                 if (c >= p.dv)
                     continue;
-                const float x = o[4 * j + 2 * rh + e] * inv[rh];
-                if (p.out_dtype == FMHA_DTYPE_F32)
-                    ((float *)orow)[c] = x;
-                else if (p.out_dtype == FMHA_DTYPE_BF16)
-                    ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
-                else
-                    ((__half *)orow)[c] = __float2half_rn(x);
+                store_out(p, orow, c, o[4 * j + 2 * rh + e] * inv[rh]);
             }
     }
 }

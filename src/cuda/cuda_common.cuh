@@ -169,6 +169,21 @@ inline fmha_status cuda_error(cudaError_t err, const char *what)
                           cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
+/* Device or managed memory passes; anything the runtime calls host memory is
+ * refused as "<name> is host memory<fix>". */
+inline fmha_status check_device_pointer(const void *ptr, const char *name, const char *fix)
+{
+    cudaPointerAttributes attr;
+    cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_error(err, "cudaPointerGetAttributes");
+    }
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "%s is host memory%s", name, fix);
+    return FMHA_STATUS_OK;
+}
+
 inline bool chunk_aligned(const fmha_tensor &t)
 {
     return ((uintptr_t)t.data % 16) == 0 && t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 &&

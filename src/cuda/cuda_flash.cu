@@ -364,22 +364,8 @@ cudaError_t launch(const flash_params &p, int64_t max_sq, int batch, cudaStream_
                             : launch_variant<D, BF16, false>(p, max_sq, batch, stream);
 }
 
-/* Device memory or managed memory; anything the runtime calls host is refused. */
-fmha_status check_device_pointer(const void *ptr, const char *name)
-{
-    cudaPointerAttributes attr;
-    cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        return cuda_error(err, "cudaPointerGetAttributes");
-    }
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "%s is host memory, but the layer runs on CUDA: pass device memory "
-                              "(cudaMalloc) or build the layer with device cpu",
-                              name);
-    return FMHA_STATUS_OK;
-}
+const char *const layer_fix =
+    ", but the layer runs on CUDA: pass device memory (cudaMalloc) or build the layer with device cpu";
 
 } // namespace
 
@@ -445,9 +431,9 @@ extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, in
     if (!a || !a->cu_seqlens_q || !a->cu_seqlens_k || a->varlen_batch <= 0 ||
         a->varlen_batch >= INT32_MAX)
         return FMHA_STATUS_OK;
-    fmha_status st = check_device_pointer(a->cu_seqlens_q, "cu_seqlens_q");
+    fmha_status st = check_device_pointer(a->cu_seqlens_q, "cu_seqlens_q", layer_fix);
     if (st == FMHA_STATUS_OK)
-        st = check_device_pointer(a->cu_seqlens_k, "cu_seqlens_k");
+        st = check_device_pointer(a->cu_seqlens_k, "cu_seqlens_k", layer_fix);
     if (st != FMHA_STATUS_OK)
         return st;
     const size_t bytes = sizeof(int32_t) * (size_t)(a->varlen_batch + 1);
@@ -484,7 +470,7 @@ extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kern
     for (const auto &p : ptrs) {
         if (!p.ptr)
             continue;
-        fmha_status st = check_device_pointer(p.ptr, p.name);
+        fmha_status st = check_device_pointer(p.ptr, p.name, layer_fix);
         if (st != FMHA_STATUS_OK)
             return st;
     }

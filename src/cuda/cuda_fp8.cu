@@ -4,7 +4,7 @@
  * Bigger groups, and per tensor always, run on a persistent cooperative grid:
  * the amax of every tile, a grid-wide barrier, then the codes, tiles in
  * reverse so that the last ones read are still in L2 (quant_grid). */
-#include "cuda.h"
+#include "cuda_common.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -510,26 +510,12 @@ quant_kernel pick_kernel(fmha_dtype dt, bool vectors, int path)
     }
 }
 
-fmha_status cuda_failed(cudaError_t err, const char *what)
-{
-    return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "CUDA error in %s: %s (%s)", what,
-                          cudaGetErrorString(err), cudaGetErrorName(err));
-}
+using fmha_cuda::cuda_error;
 
 fmha_status check_device_memory(const void *ptr, const char *name)
 {
-    cudaPointerAttributes attr;
-    cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        return cuda_failed(err, "cudaPointerGetAttributes");
-    }
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "%s is host memory: fmha_quantize_fp8_cuda takes device memory "
-                              "(fmha_quantize_fp8 quantizes host memory)",
-                              name);
-    return FMHA_STATUS_OK;
+    return fmha_cuda::check_device_pointer(
+        ptr, name, ": fmha_quantize_fp8_cuda takes device memory (fmha_quantize_fp8 quantizes host memory)");
 }
 
 /* Every row of t starts `align`-byte aligned (dims of size 1 have no stride
@@ -619,7 +605,7 @@ extern "C" fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_t
         if (err == cudaSuccess)
             err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, NT, 0);
         if (err != cudaSuccess)
-            return cuda_failed(err, "sizing the quantizer's grid");
+            return cuda_error(err, "sizing the quantizer's grid");
         const int64_t tile_bytes = tile_rows * dim * es, keep = (int64_t)l2 * 3 / 4 / tile_bytes;
         p.keep_from = keep >= ntiles ? 0 : (uint32_t)(ntiles - keep);
         const int64_t blocks = (int64_t)sms * per_sm < ntiles ? (int64_t)sms * per_sm : ntiles;
@@ -629,6 +615,6 @@ extern "C" fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_t
         err = cudaLaunchKernel((const void *)kernel, dim3((unsigned)ntiles), dim3(NT), args, 0, s);
     }
     if (err != cudaSuccess)
-        return cuda_failed(err, "the FP8 quantizer launch");
+        return cuda_error(err, "the FP8 quantizer launch");
     return FMHA_STATUS_OK;
 }

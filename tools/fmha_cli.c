@@ -303,19 +303,6 @@ static fmha_status forward_with_progress(const fmha_config *cfg, const fmha_forw
 
 /* ------------------------------------------------------------ comparisons */
 
-static double elem(const fmha_tensor *t, int64_t b, int64_t s, int64_t h, int64_t c)
-{
-    const char *p = (const char *)t->data +
-                    (b * t->stride_batch + s * t->stride_seq + h * t->stride_head + c) *
-                        (int64_t)fmha_dtype_size(t->dtype);
-    uint16_t u;
-    switch (t->dtype) {
-    case FMHA_DTYPE_F32: return *(const float *)p;
-    case FMHA_DTYPE_BF16: memcpy(&u, p, 2); return fmha_bf16_to_f32(u);
-    case FMHA_DTYPE_F16: memcpy(&u, p, 2); return fmha_f16_to_f32(u);
-    default: return NAN;
-    }
-}
 
 typedef struct errstats {
     double max_abs, ref_max, diff2, ref2;
@@ -329,7 +316,7 @@ static void compare_rows(const fmha_tensor *x, int64_t s0, const fmha_tensor *re
     for (int64_t s = 0; s < n; s++)
         for (int64_t h = 0; h < x->heads; h++)
             for (int64_t c = 0; c < x->head_dim; c++) {
-                double a = elem(x, b, s0 + s, h, c), r = elem(ref, rb, s, h, c);
+                double a = cli_elem(x, b, s0 + s, h, c), r = cli_elem(ref, rb, s, h, c);
                 if (!isfinite(a))
                     e->nonfinite++;
                 double d = fabs(a - r);

@@ -83,7 +83,7 @@ int fp8_args_make(fp8_args *f, const fmha_forward_args *src, int64_t num_kv_head
 
 /* -------------------------------------------------------- accuracy report */
 
-static double elem(const fmha_tensor *t, int64_t b, int64_t s, int64_t h, int64_t c)
+double cli_elem(const fmha_tensor *t, int64_t b, int64_t s, int64_t h, int64_t c)
 {
     const char *p = (const char *)t->data +
                     (b * t->stride_batch + s * t->stride_seq + h * t->stride_head + c) *
@@ -106,7 +106,7 @@ static double rel_l2(const fmha_tensor *x, int64_t xs, const fmha_tensor *ref, i
         for (int64_t s = 0; s < n; s++)
             for (int64_t h = 0; h < x->heads; h++)
                 for (int64_t c = 0; c < x->head_dim; c++) {
-                    double a = elem(x, b, xs + s, h, c), r = elem(ref, b, rs + s, h, c);
+                    double a = cli_elem(x, b, xs + s, h, c), r = cli_elem(ref, b, rs + s, h, c);
                     d2 += (a - r) * (a - r);
                     r2 += r * r;
                 }

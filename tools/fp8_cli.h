@@ -24,6 +24,10 @@ int fp8_args_make(fp8_args *f, const fmha_forward_args *src, int64_t num_kv_head
                   fmha_descale_layout layout, int64_t block_rows, char *err, size_t errlen);
 void fp8_args_free(fp8_args *f);
 
+/* Element (b, s, h, c) of an f32/f16/bf16 host tensor as a double (NaN for
+ * other dtypes): what the CLI's checks compare. */
+double cli_elem(const fmha_tensor *t, int64_t b, int64_t s, int64_t h, int64_t c);
+
 /* The accuracy report: for Gaussian inputs and inputs whose K has outlier
  * channels, the relative L2 error of FP8 attention (each descale layout)
  * against the float64 reference and against the bf16 path, on a bf16

@@ -86,7 +86,9 @@ const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, con
 }
 #endif
 
-fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
+/* What every selection starts with: a valid configuration and somewhere to
+ * put the answer. */
+static fmha_status select_begin(const fmha_config *cfg, const fmha_kernel_info *info)
 {
     fmha_clear_error();
     fmha_status st = fmha_validate_config(cfg);
@@ -94,6 +96,14 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
         return st;
     if (!info)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
+{
+    fmha_status st = select_begin(cfg, info);
+    if (st != FMHA_STATUS_OK)
+        return st;
     if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF) {
         fmha_layer_path path;
         return fmha_kernel_select_fp8(cfg, info, &path, NULL, 0);
@@ -164,12 +174,9 @@ static fmha_status fp8_attn_env(int *off)
 fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *info,
                                    fmha_layer_path *path, char *reason, size_t len)
 {
-    fmha_clear_error();
-    fmha_status st = fmha_validate_config(cfg);
+    fmha_status st = select_begin(cfg, info);
     if (st != FMHA_STATUS_OK)
         return st;
-    if (!info)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
     fmha_config c8 = *cfg;
     c8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
     c8.dtype = FMHA_DTYPE_F8_E4M3;

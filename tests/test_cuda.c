@@ -107,15 +107,8 @@ static void test_host_pointer_refused(void)
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (fmha_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n",
-               fmha_cuda_backend_built() ? "none found" : "built without CUDA");
-        return 77;
-    }
-    char desc[256];
-    fmha_cuda_device_describe(0, desc, sizeof desc);
-    printf("device 0: %s\n", desc);
+    if (!tu_cuda_begin())
+        return 77; /* ctest: skipped */
     cudaStreamCreate(&stream);
     const char *env = getenv("FMHA_TEST_CASES");
     int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 300;

@@ -426,15 +426,8 @@ static void test_errors(void)
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    if (fmha_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device (%s)\n",
-               fmha_cuda_backend_built() ? "none found" : "built without CUDA");
-        return 77;
-    }
-    char desc[256];
-    fmha_cuda_device_describe(0, desc, sizeof desc);
-    printf("device 0: %s\n", desc);
+    if (!tu_cuda_begin())
+        return 77; /* ctest: skipped */
     cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
     const char *env = getenv("FMHA_TEST_CASES"), *lenv = getenv("FMHA_TEST_LONG");
     test_paths();

@@ -178,3 +178,17 @@ int tu_summary(void)
     printf("%d passed, %d failed\n", tu_passed, tu_failed);
     return tu_failed ? 1 : 0;
 }
+
+int tu_cuda_begin(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (fmha_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device (%s)\n",
+               fmha_cuda_backend_built() ? "none found" : "built without CUDA");
+        return 0;
+    }
+    char desc[256];
+    fmha_cuda_device_describe(0, desc, sizeof desc);
+    printf("device 0: %s\n", desc);
+    return 1;
+}

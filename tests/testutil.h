@@ -56,4 +56,8 @@ extern int tu_passed, tu_failed;
     } while (0)
 int tu_summary(void); /* prints "N passed, M failed", returns the exit code */
 
+/* GPU suites start here: line-buffers stdout and prints device 0, or prints
+ * why there is none and returns 0 (the suite then exits 77, skipped). */
+int tu_cuda_begin(void);
+
 #endif

@@ -67,13 +67,18 @@ static fmha_status requested_cuda_kernel(int *id)
     return FMHA_STATUS_OK;
 }
 
-/* TMA addresses 16-byte aligned rows with strides below 2^40 bytes. */
+/* TMA addresses 16-byte aligned rows with strides below 2^40 bytes; the
+ * stride of an axis of extent 1 is never followed (the kernel's tensor map
+ * replaces it), so it may be anything. */
+static int tma_stride_ok(int64_t extent, int64_t stride)
+{
+    return extent == 1 || (stride % 8 == 0 && stride < ((int64_t)1 << 39)); /* 2-byte elements */
+}
+
 static int tma_addressable(const fmha_tensor *t)
 {
-    const int64_t lim = (int64_t)1 << 39; /* elements of 2 bytes */
-    return (uintptr_t)t->data % 16 == 0 && t->stride_seq % 8 == 0 && t->stride_head % 8 == 0 &&
-           t->stride_batch % 8 == 0 && t->stride_seq < lim && t->stride_head < lim &&
-           t->stride_batch < lim;
+    return (uintptr_t)t->data % 16 == 0 && tma_stride_ok(t->seqlen, t->stride_seq) &&
+           tma_stride_ok(t->heads, t->stride_head) && tma_stride_ok(t->batch, t->stride_batch);
 }
 
 const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb)

@@ -19,11 +19,14 @@ using namespace fmha_cuda;
 
 /* Tiles and pipeline, per head dim D (Q/K/V rows are stored as 64-column
  * chunks of 128 bytes: TMA's 128-byte swizzle is wgmma's native layout).
+ * Measured on the H200, 2026-12-02 (bench/NOTES.md has the runs):
  *   BM 128: two consumer warpgroups x wgmma's M of 64.
- *   BN 128 for D <= 128: S is 64 registers per thread beside O's D / 2.
- *   BN 64 for D >= 192: O is 96-128 registers; and 2 stages of 128 keys
- *      would need 256 KB of shared memory at D = 256 (limit 227 KB).
- *   STAGES 2: K and V of tile t + 1 land while tile t computes. */
+ *   BN 128 for D <= 128: BN 176 and 160 ran 1-5% slower (S + P + O need
+ *      196+ of the consumers' 232 registers at 176; 16 bytes spilled).
+ *   BN 64 for D >= 192: O alone is 96-128 registers; BN 80 tied at D = 256
+ *      (608-615 against 613 TFLOP/s), and 2 stages of 128 keys would need
+ *      256 KB of shared memory at D = 256 (limit 227 KB).
+ *   STAGES 2: 3 stages at D <= 128 (224 KB) were within run-to-run spread. */
 #ifndef FMHA_HOPPER_BN_SMALL /* tuning knobs (gpu_run.sh variants): BN for D <= 128 */
 #define FMHA_HOPPER_BN_SMALL 128
 #endif

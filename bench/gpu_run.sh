@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [test] [sanitize] [sass] [ncu] [bench|bench-quick] [cli] [variants] [debug] [quant]
+# usage: bench/gpu_run.sh [test] [sanitize] [sass] [ncu] [bench|bench-quick] [fp8|fp8-quick] [cli] [variants] [debug] [quant]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -27,7 +27,7 @@ for step in "$@"; do
         grep FAIL "$OUT/test_cuda.log" | head -20 ;;
     sass) # the Hopper kernel must issue HGMMA and keep its registers out of local memory
         cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/cuda_hopper.cu.o > "$OUT/hopper.sass" 2>&1
-        summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
+        summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -c QGMMA "$OUT/hopper.sass") QGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
         grep -E "hopper.*(spill|stack)" "$OUT/build.log" | head -4 ;;
     ncu) # one Hopper launch of the flux shape under Nsight Compute (clocks left alone)
         timeout 300 ncu --clock-control none --kernel-name regex:hopper_fwd --launch-skip 3 --launch-count 1 \
@@ -71,6 +71,10 @@ for step in "$@"; do
         summary+=("memcheck fp8 rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_fp8.log" | tail -1)")
         python3 bench/bench_quant.py --lib build-gpu/libfmha.so > "$OUT/bench_quant.log" 2>&1
         summary+=("bench_quant rc=$?"); cat "$OUT/bench_quant.log" ;;
+    fp8|fp8-quick) # FP8 attention against fmha bf16 and cuDNN, both accumulation modes, accuracy
+        q=""; [ "$step" = fp8-quick ] && q=--quick
+        python3 bench/bench_fp8.py --lib build-gpu/libfmha.so $q > "$OUT/bench_fp8.log" 2>&1
+        summary+=("bench_fp8 rc=$?"); cat "$OUT/bench_fp8.log" | grep -v "^|" ;;
     bench|bench-quick)
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1

@@ -70,24 +70,53 @@ static fmha_status requested_cuda_kernel(int *id)
 /* TMA addresses 16-byte aligned rows with strides below 2^40 bytes; the
  * stride of an axis of extent 1 is never followed (the kernel's tensor map
  * replaces it), so it may be anything. */
-static int tma_stride_ok(int64_t extent, int64_t stride)
+static int tma_stride_ok(int64_t extent, int64_t stride, int64_t eb)
 {
-    return extent == 1 || (stride % 8 == 0 && stride < ((int64_t)1 << 39)); /* 2-byte elements */
+    return extent == 1 || (stride * eb % 16 == 0 && stride < ((int64_t)1 << 39) / eb);
 }
 
 static int tma_addressable(const fmha_tensor *t)
 {
-    return (uintptr_t)t->data % 16 == 0 && tma_stride_ok(t->seqlen, t->stride_seq) &&
-           tma_stride_ok(t->heads, t->stride_head) && tma_stride_ok(t->batch, t->stride_batch);
+    const int64_t eb = (int64_t)fmha_dtype_size(t->dtype);
+    return (uintptr_t)t->data % 16 == 0 && tma_stride_ok(t->seqlen, t->stride_seq, eb) &&
+           tma_stride_ok(t->heads, t->stride_head, eb) && tma_stride_ok(t->batch, t->stride_batch, eb);
 }
 
-const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb)
+fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb,
+                                 const fmha_kernel_info **out)
 {
     const fmha_forward_args *a = pb->args;
+    *out = kernel;
     if (kernel->id == FMHA_KERNEL_ID_cuda_hopper_sm90 &&
         !(tma_addressable(&a->q) && tma_addressable(&a->k) && tma_addressable(&a->v)))
-        return &kernel_table[FMHA_KERNEL_ID_cuda_flash_sm80];
-    return kernel;
+        *out = &kernel_table[FMHA_KERNEL_ID_cuda_flash_sm80];
+    if (kernel->id != FMHA_KERNEL_ID_cuda_hopper_fp8_sm90)
+        return FMHA_STATUS_OK;
+    /* The FP8 kernel has no portable twin: what it cannot take is an error. */
+    if (a->descale_layout == FMHA_DESCALE_PER_BLOCK)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "per-block descales (FMHA_DESCALE_PER_BLOCK) run on the CPU only: on "
+                              "CUDA use FMHA_DESCALE_PER_TENSOR or FMHA_DESCALE_PER_KV_HEAD");
+    const fmha_tensor *ts[2] = {&a->q, &a->k};
+    const char *names[2] = {"q", "k"};
+    for (int i = 0; i < 2; i++)
+        if (!tma_addressable(ts[i]))
+            return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                                  "f8_e4m3 %s on CUDA needs 16-byte aligned rows (data %% 16 == 0, "
+                                  "strides multiples of 16 elements; got strides %lld, %lld, %lld): "
+                                  "pad head_dim to a multiple of 16 or copy %s to a contiguous "
+                                  "tensor",
+                                  names[i], (long long)ts[i]->stride_seq,
+                                  (long long)ts[i]->stride_head, (long long)ts[i]->stride_batch,
+                                  names[i]);
+    return FMHA_STATUS_OK;
+}
+
+/* FMHA_FP8_ACCUM: two_level (default) or single; see fmha_fp8_two_level. */
+int fmha_fp8_two_level(void)
+{
+    const char *env = getenv("FMHA_FP8_ACCUM");
+    return !(env && !strcasecmp(env, "single"));
 }
 #endif
 
@@ -113,13 +142,25 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
         fmha_layer_path path;
         return fmha_kernel_select_fp8(cfg, info, &path, NULL, 0);
     }
-    /* f8_e4m3 inputs run on the CPU's f32 kernels (tiles dequantized on load). */
-    if (cfg->dtype == FMHA_DTYPE_F8_E4M3 && cfg->device == FMHA_DEVICE_CUDA)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "f8_e4m3 attention runs on the CPU only so far (no CUDA FP8 kernel "
-                              "yet): use device cpu, or f16/bf16 inputs on CUDA");
     if (cfg->device == FMHA_DEVICE_CUDA) {
 #ifdef FMHA_HAVE_CUDA
+        /* f8_e4m3 runs on the Hopper kernel's FP8 variant only. */
+        if (cfg->dtype == FMHA_DTYPE_F8_E4M3) {
+            if (cfg->head_dim > 256 || cfg->head_dim_v > 256)
+                return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                                      "CUDA kernels take head dims up to 256 (got %lld, %lld): use "
+                                      "device cpu",
+                                      (long long)cfg->head_dim, (long long)cfg->head_dim_v);
+            if ((st = fmha_cuda_check_device()) != FMHA_STATUS_OK)
+                return st;
+            if (!fmha_cuda_hopper_usable())
+                return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                                      "f8_e4m3 attention on CUDA needs a compute capability 9.0 GPU "
+                                      "(H100/H200) and a build with the sm_90a kernel: use device "
+                                      "cpu, or f16/bf16 inputs");
+            *info = kernel_table[FMHA_KERNEL_ID_cuda_hopper_fp8_sm90];
+            return FMHA_STATUS_OK;
+        }
         if (cfg->dtype != FMHA_DTYPE_BF16 && cfg->dtype != FMHA_DTYPE_F16)
             return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                                   "CUDA kernels take f16 or bf16 q, k, v (got %s): convert the "

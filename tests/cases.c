@@ -354,6 +354,17 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
         c.dl = (fmha_descale_layout)tu_range(r, 3);
         c.dblock = blocks[tu_range(r, 4)];
     }
+    if (c.device == FMHA_DEVICE_CUDA && space->fp8 && tu_range(r, 3) == 0) {
+        /* Hopper FP8: TMA reads q and k, so their rows are multiples of 16 bytes
+         * (v goes through a transposing copy and may have any layout). */
+        static const int64_t dims16[] = {32, 64, 80, 96, 128, 160, 192, 256};
+        c.dt = FMHA_DTYPE_F8_E4M3;
+        c.odt = odts[tu_range(r, 3)];
+        c.d = dims16[tu_range(r, 8)];
+        c.lq = c.lq == 2 ? 0 : c.lq;
+        c.lkv = c.lkv == 2 ? 0 : c.lkv;
+        c.dl = (fmha_descale_layout)tu_range(r, 2);
+    }
     return c;
 }
 

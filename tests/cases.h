@@ -26,11 +26,13 @@ typedef fmha_status (*tcase_runner)(const fmha_config *cfg, const fmha_forward_a
 
 /* What random cases may use: the CPU takes every dtype (f8_e4m3 with random
  * descales in every layout too) and head dim, CUDA f16/bf16 inputs and head
- * dims up to 256. */
+ * dims up to 256, and on Hopper f8_e4m3 with per-tensor or per-KV-head
+ * descales, q and k rows 16-byte aligned. */
 typedef struct tcase_space {
     fmha_device device;
     const fmha_cpu_isa *isas; /* rotated over the cases (CPU) */
     int nisa;
+    int fp8; /* CUDA: the device runs f8_e4m3 (Hopper), on views TMA can read */
 } tcase_space;
 
 tcase tcase_random(tu_rng *r, int index, const tcase_space *space);

@@ -84,6 +84,7 @@ if "$FMHA" info | grep -q "^gpu 0"; then
     expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 300 --device cuda
 else
     expect 1 "CUDA" -- "$FMHA" run --model flux-1024 --seqlen 32 --device cuda
+    expect 1 "use device cpu" -- "$FMHA" run --model flux-1024 --seqlen 32 --dtype fp8 --device cuda
 fi
 expect 1 "dropout_p (1.5) must be in \[0, 1)" -- "$FMHA" run --model flux-1024 --seqlen 32 --dropout 1.5
 expect 2 "not an integer" -- "$FMHA" run --model flux-1024 --seqlen abc
@@ -95,7 +96,6 @@ expect 0 "quantization included): relative L2" -- "$FMHA" run --model llama3-8b 
 expect 0 "fp8 path: fp8_compute: q, k, v (bf16) quantized" -- "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
 expect 0 "dequantized inputs.*: ok" -- "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
 expect 0 "fp8 path: FP8 attention is unavailable.*FMHA_FP8_ATTN=0" -- env FMHA_FP8_ATTN=0 "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
-expect 1 "f8_e4m3 attention runs on the CPU only" -- "$FMHA" run --model flux-1024 --seqlen 32 --dtype fp8 --device cuda
 expect 0 "fp8q  cpu_" -- "$FMHA" bench --seqlen 70 --heads 2 --head-dim 64 --iters 2 --dtype fp8
 expect 0 "K outliers (4 ch. x20-x100)  per 128-token block" -- "$FMHA" accuracy --seqlen 70 --heads 2 --kv-heads 1 --head-dim 32
 expect 2 "accuracy takes no input file" -- "$FMHA" accuracy "$T/fp8.safetensors"

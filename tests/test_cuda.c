@@ -14,7 +14,7 @@ static cudaStream_t stream;
 
 /* Copies every buffer (poisoned outputs included) to the GPU through the
  * CLI's device copies (tools/devmem.c), runs there on a stream of its own, and
- * copies out and lse back. */
+ * copies out and lse back, whatever the call returned. */
 static fmha_status run_cuda(const fmha_config *cfg, const fmha_forward_args *h)
 {
     fmha_forward_args on_stream = *h;
@@ -28,7 +28,7 @@ static fmha_status run_cuda(const fmha_config *cfg, const fmha_forward_args *h)
     fmha_status st = fmha_forward(cfg, &d.a);
     cudaError_t e = cudaStreamSynchronize(stream);
     TU_CHECK(e == cudaSuccess, "kernel failed: %s", cudaGetErrorString(e));
-    if (st == FMHA_STATUS_OK && dev_args_download(&d, h, err, sizeof err))
+    if (dev_args_download(&d, h, err, sizeof err)) /* refused calls too: out must be untouched */
         TU_CHECK(0, "%s", err);
     dev_args_free(&d);
     return st;
@@ -105,6 +105,38 @@ static void test_host_pointer_refused(void)
     tu_tensor_free(&o);
 }
 
+/* What the FP8 kernel cannot take is refused before anything runs: per-block
+ * descales, and q rows TMA cannot address. */
+static void test_fp8_refusals(void)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, 2, 2, 64);
+    cfg.device = FMHA_DEVICE_CUDA;
+    cfg.dtype = FMHA_DTYPE_F8_E4M3;
+    for (int which = 0; which < 2; which++) {
+        tu_tensor q, k, o;
+        tu_tensor_init(&q, cfg.dtype, 1, 16, 2, 64, which == 1 ? 2 : 0, 0);
+        tu_tensor_init(&k, cfg.dtype, 1, 16, 2, 64, 0, 0);
+        tu_tensor_init(&o, FMHA_DTYPE_BF16, 1, 16, 2, 64, 0, 0x5A);
+        fmha_forward_args a = {.q = q.t, .k = k.t, .v = k.t, .out = o.t};
+        if (which == 0) {
+            a.descale_layout = FMHA_DESCALE_PER_BLOCK;
+            a.descale_block_rows = 8;
+        }
+        fmha_status st = run_cuda(&cfg, &a);
+        const char *want = which == 0 ? "per-block descales" : "16-byte aligned rows";
+        TU_CHECK(st == FMHA_STATUS_UNSUPPORTED && strstr(fmha_last_error(), want),
+                 "FP8 refusal %d: %s / %s", which, fmha_status_string(st), fmha_last_error());
+        int untouched = 1;
+        for (size_t i = 0; i < o.alloc_bytes; i++)
+            untouched &= ((unsigned char *)o.alloc)[i] == 0x5A;
+        TU_CHECK(untouched, "out was written after a refused FP8 call");
+        tu_tensor_free(&q);
+        tu_tensor_free(&k);
+        tu_tensor_free(&o);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (!tu_cuda_begin())
@@ -113,7 +145,14 @@ int main(int argc, char **argv)
     const char *env = getenv("FMHA_TEST_CASES");
     int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 300;
     tu_rng rng = {20261203};
-    const tcase_space space = {FMHA_DEVICE_CUDA, NULL, 0};
+    fmha_config probe8;
+    fmha_config_init(&probe8, 8, 2, 128);
+    probe8.device = FMHA_DEVICE_CUDA;
+    probe8.dtype = FMHA_DTYPE_F8_E4M3;
+    fmha_kernel_info info8;
+    const int fp8 = fmha_kernel_select(&probe8, &info8) == FMHA_STATUS_OK;
+    printf("f8_e4m3: %s\n", fp8 ? info8.name : fmha_last_error());
+    tcase_space space = {FMHA_DEVICE_CUDA, NULL, 0, fp8};
     /* Every kernel this device has: the chooser's pick (the Hopper kernel on
      * an H100/H200), then the portable one forced. */
     const char *kernels[2] = {"auto", "portable"};
@@ -134,6 +173,7 @@ int main(int argc, char **argv)
             tcase c = tcase_random(&rng, i, &space);
             tcase_run(&c, &rng, run_cuda);
         }
+        space.fp8 = 0; /* the FP8 kernel has no portable twin: once is enough */
     }
     unsetenv("FMHA_CUDA_KERNEL");
     /* Long sequences, seqlen_q != seqlen_k both ways (FMHA_TEST_LONG=0 skips
@@ -147,6 +187,18 @@ int main(int argc, char **argv)
                    .device = FMHA_DEVICE_CUDA};
         tcase_run(&c, &rng, run_cuda);
     }
+    /* FP8 over long key ranges, with and without two-level accumulation. */
+    for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
+        setenv("FMHA_FP8_ACCUM", i % 2 ? "single" : "two_level", 1);
+        tcase c = {.batch = 1, .sq = 1023, .sk = 4224, .heads = 2, .kv = 1, .d = 128,
+                   .dv = 128, .dt = FMHA_DTYPE_F8_E4M3, .odt = FMHA_DTYPE_BF16, .causal = i >= 2,
+                   .wl = -1, .wr = -1, .lse = 1, .device = FMHA_DEVICE_CUDA,
+                   .dl = FMHA_DESCALE_PER_KV_HEAD};
+        tcase_run(&c, &rng, run_cuda);
+    }
+    unsetenv("FMHA_FP8_ACCUM");
+    if (fp8)
+        test_fp8_refusals();
     test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);
     test_host_pointer_refused();

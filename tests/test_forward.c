@@ -106,7 +106,7 @@ int main(int argc, char **argv)
         isas[nisa++] = (fmha_cpu_isa)i;
     printf("testing ISAs up to %s over %d random cases\n", fmha_cpu_isa_name(best), ncases);
 
-    const tcase_space space = {FMHA_DEVICE_CPU, isas, nisa};
+    const tcase_space space = {FMHA_DEVICE_CPU, isas, nisa, 0};
     for (int i = 0; i < ncases; i++) {
         tcase c = tcase_random(&rng, i, &space);
         tcase_run(&c, &rng, fmha_forward);

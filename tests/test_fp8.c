@@ -518,7 +518,7 @@ static void test_attention_cases(int ncases)
     int nisa = 0;
     for (int i = FMHA_CPU_ISA_SCALAR; i <= (int)fmha_cpu_isa_detect(); i++)
         isas[nisa++] = (fmha_cpu_isa)i;
-    const tcase_space space = {FMHA_DEVICE_CPU, isas, nisa};
+    const tcase_space space = {FMHA_DEVICE_CPU, isas, nisa, 0};
     static const int64_t blocks[] = {1, 5, 64, 128, 300};
     static const fmha_dtype odts[] = {FMHA_DTYPE_BF16, FMHA_DTYPE_F16, FMHA_DTYPE_F32};
     tu_rng r = {8080};

@@ -109,9 +109,14 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
     if (fmha_validate_forward(cfg, a, &pb) != FMHA_STATUS_OK)
         return -1;
     const fmha_dtype p_dtype = cfg->dtype; /* 16-bit attention multiplies P in 16 bits */
+    /* FP8 on CUDA multiplies P in e4m3, times 2^shift (cuda_hopper.cu); the
+     * CPU's FP8 kernels keep P in f32. */
+    const int p_e4m3 = p_dtype == FMHA_DTYPE_F8_E4M3 && cfg->device == FMHA_DEVICE_CUDA;
     float *sc = malloc(sizeof(float) * (size_t)(pb.max_sk + 1));
     float *acc = malloc(sizeof(float) * (size_t)pb.dv);
     const float scale = (float)pb.scale;
+    const double pmax = pb.drop_threshold ? pb.drop_rescale : 1.0;
+    const float p_up = (float)exp2(fmin(8.0, floor(log2(448.0 / pmax))));
     for (int64_t b = 0; b < pb.batch; b++) {
         int64_t q0, sq, k0, sk;
         fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
@@ -153,6 +158,8 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                         p = fmha_bf16_to_f32(fmha_f32_to_bf16(p));
                     else if (p_dtype == FMHA_DTYPE_F16)
                         p = fmha_f16_to_f32(fmha_f32_to_f16(p));
+                    else if (p_e4m3)
+                        p = fmha_e4m3_to_f32(fmha_f32_to_e4m3(p * p_up)) / p_up;
                     const char *vr = fmha_row(&a->v, tb, k0 + j, hk);
                     const float dvs = fmha_row_descale(&pb, 2, b, k0 + j, hk);
                     for (int64_t c = 0; c < pb.dv; c++)

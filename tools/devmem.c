@@ -17,6 +17,18 @@ static size_t tensor_bytes(const fmha_tensor *t)
     return (size_t)extent * fmha_dtype_size(t->dtype);
 }
 
+/* The bytes of one FP8 descale array, as fmha.h lays them out. */
+static inline size_t descale_bytes(const fmha_forward_args *a, const fmha_tensor *t)
+{
+    int64_t n = 1;
+    const int64_t seqs = a->cu_seqlens_q ? a->varlen_batch : a->q.batch;
+    if (a->descale_layout == FMHA_DESCALE_PER_KV_HEAD)
+        n = seqs * a->k.heads;
+    else if (a->descale_layout == FMHA_DESCALE_PER_BLOCK && a->descale_block_rows > 0)
+        n = t->batch * t->heads * ((t->seqlen + a->descale_block_rows - 1) / a->descale_block_rows);
+    return (size_t)n * sizeof(float);
+}
+
 int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device device, char *err,
                     size_t errlen)
 {
@@ -29,11 +41,15 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
     const int64_t nlse = host->cu_seqlens_q ? host->q.heads * host->q.seqlen
                                             : host->q.batch * host->q.heads * host->q.seqlen;
     const int64_t ncu = host->cu_seqlens_q ? host->varlen_batch + 1 : 0;
-    const void *src[7] = {host->q.data, host->k.data, host->v.data, host->out.data,
-                          host->lse, host->cu_seqlens_q, host->cu_seqlens_k};
-    size_t bytes[7] = {tensor_bytes(&host->q), tensor_bytes(&host->k), tensor_bytes(&host->v),
-                       tensor_bytes(&host->out), (size_t)nlse * 4, (size_t)ncu * 4, (size_t)ncu * 4};
-    for (int i = 0; i < 7; i++) {
+    const void *src[DEV_OWNED] = {host->q.data,   host->k.data,       host->v.data,
+                                  host->out.data, host->lse,          host->cu_seqlens_q,
+                                  host->cu_seqlens_k, host->descale_q, host->descale_k,
+                                  host->descale_v};
+    size_t bytes[DEV_OWNED] = {tensor_bytes(&host->q), tensor_bytes(&host->k), tensor_bytes(&host->v),
+                               tensor_bytes(&host->out), (size_t)nlse * 4, (size_t)ncu * 4,
+                               (size_t)ncu * 4, descale_bytes(host, &host->q),
+                               descale_bytes(host, &host->k), descale_bytes(host, &host->v)};
+    for (int i = 0; i < DEV_OWNED; i++) {
         if (!src[i])
             continue;
         cudaError_t e = cudaMalloc(&d->owned[i], bytes[i]);
@@ -52,6 +68,9 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
     d->a.lse = d->owned[4];
     d->a.cu_seqlens_q = d->owned[5];
     d->a.cu_seqlens_k = d->owned[6];
+    d->a.descale_q = d->owned[7];
+    d->a.descale_k = d->owned[8];
+    d->a.descale_v = d->owned[9];
     return 0;
 #else
     snprintf(err, errlen, "this fmha was built without a CUDA backend");
@@ -85,7 +104,7 @@ int dev_args_download(const dev_args *d, const fmha_forward_args *host, char *er
 void dev_args_free(dev_args *d)
 {
 #ifdef FMHA_HAVE_CUDA
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < DEV_OWNED; i++)
         if (d->owned[i])
             cudaFree(d->owned[i]);
 #endif

@@ -6,9 +6,11 @@
 
 #include "fmha.h"
 
+#define DEV_OWNED 10 /* q, k, v, out, lse, cu_seqlens_q/k, descale_q/k/v */
+
 typedef struct dev_args {
     fmha_forward_args a; /* what the layer runs on */
-    void *owned[7];      /* device copies to free */
+    void *owned[DEV_OWNED]; /* device copies to free */
     fmha_device device;
 } dev_args;
 

@@ -27,8 +27,15 @@ fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **
 
 /* The layer's kernel for one call (select.c): the Hopper kernel reads q, k, v
  * through TMA, which needs 16-byte aligned rows; other views run on the
- * portable kernel. */
-const fmha_kernel_info *fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb);
+ * portable kernel. The FP8 kernel has no such twin: q and k views it cannot
+ * read, and per-block descales, are UNSUPPORTED. */
+fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb,
+                                 const fmha_kernel_info **out);
+
+/* 1 (default) when the FP8 kernel adds each tile's P V into O in f32 (two-level
+ * accumulation; head dims up to 128, no dropout); FMHA_FP8_ACCUM=single lets wgmma
+ * accumulate O across tiles, for measuring what the guard buys (select.c). */
+int fmha_fp8_two_level(void);
 
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */

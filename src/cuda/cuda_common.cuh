@@ -16,6 +16,8 @@
 /* The head dims with a compiled kernel; any other head dim up to 256 runs
  * zero-padded in the next one up. */
 #define FMHA_CUDA_HEAD_DIMS(X) X(64) X(96) X(128) X(192) X(256)
+/* The FP8 kernel's: its rows are 128-byte chunks of 128 columns. */
+#define FMHA_CUDA_FP8_HEAD_DIMS(X) X(64) X(128) X(256)
 
 namespace fmha_cuda {
 
@@ -38,6 +40,11 @@ struct flash_params {
     uint64_t seed, offset;
     int out_dtype;
     int aligned; /* rows start 16-byte aligned and d, dv are multiples of 8 */
+    /* f8_e4m3 inputs: descales in device memory (NULL = 1), one per tensor or
+     * per (sequence, KV head). */
+    const float *descale_q, *descale_k, *descale_v;
+    int descale_per_kv_head;
+    int kv_heads;
 };
 
 template <bool BF16> struct elem;
@@ -99,8 +106,9 @@ struct block_span {
 
 /* False when the block lies past its sequence's end. Late query blocks see
  * the most keys under a causal mask, so they are numbered (and start) first.
- * Tiles start at a multiple of 8 keys: a thread's key pair (2c, 2c + 1) then
- * never straddles two dropout draws of four keys. */
+ * Tiles start at a multiple of 16 keys: a thread's key pair (2c, 2c + 1) then
+ * never straddles two dropout draws of four keys, and the FP8 kernel's V^T
+ * permutation (16-key groups) lines up with the tile. */
 __device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM, int BN)
 {
     s.m0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
@@ -123,7 +131,7 @@ __device__ __forceinline__ bool block_span_init(block_span &s, const flash_param
                     &s.hi_first);
     fmha_mask_range(p.causal, p.window_left, p.window_right, s.m0 + s.rows - 1, s.sq, s.sk,
                     &s.lo_last, &s.hi_last);
-    s.kv_begin = s.lo_first & ~(int64_t)7;
+    s.kv_begin = s.lo_first & ~(int64_t)15;
     s.kv_end = s.hi_last;
     s.ntiles = s.kv_end > s.kv_begin ? (int)((s.kv_end - s.kv_begin + BN - 1) / BN) : 0;
     return true;
@@ -232,11 +240,18 @@ inline void fill_flash_params(const fmha_problem *pb, flash_params *p)
     p->offset = a->offset;
     p->out_dtype = a->out.dtype;
     p->aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
+    p->descale_q = a->descale_q;
+    p->descale_k = a->descale_k;
+    p->descale_v = a->descale_v;
+    p->descale_per_kv_head = a->descale_layout == FMHA_DESCALE_PER_KV_HEAD;
+    p->kv_heads = (int)pb->kv_heads;
 }
 
 #ifdef FMHA_HAVE_CUDA_HOPPER
-/* cuda_hopper.cu: runs p on the sm_90a kernel. */
+/* cuda_hopper.cu: runs p on the sm_90a kernel (f16/bf16 inputs), or on its
+ * FP8 variant (f8_e4m3 inputs). */
 fmha_status hopper_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream);
+fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream);
 #endif
 
 } // namespace fmha_cuda

@@ -466,7 +466,8 @@ extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kern
         const char *name;
     } ptrs[] = {{a->q.data, "q"},          {a->k.data, "k"},           {a->v.data, "v"},
                 {a->out.data, "out"},      {a->lse, "lse"},            {a->cu_seqlens_q, "cu_seqlens_q"},
-                {a->cu_seqlens_k, "cu_seqlens_k"}};
+                {a->cu_seqlens_k, "cu_seqlens_k"}, {a->descale_q, "descale_q"},
+                {a->descale_k, "descale_k"}, {a->descale_v, "descale_v"}};
     for (const auto &p : ptrs) {
         if (!p.ptr)
             continue;
@@ -479,10 +480,18 @@ extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kern
     flash_params p;
     fill_flash_params(pb, &p);
     cudaStream_t stream = (cudaStream_t)a->stream;
+    const fmha_kernel_info *k = NULL;
+    fmha_status st = fmha_kernel_for_call(kernel, pb, &k);
+    if (st != FMHA_STATUS_OK)
+        return st;
 #ifdef FMHA_HAVE_CUDA_HOPPER
-    if (fmha_kernel_for_call(kernel, pb)->id == FMHA_KERNEL_ID_cuda_hopper_sm90)
+    if (k->id == FMHA_KERNEL_ID_cuda_hopper_sm90)
         return hopper_forward(pb, p, stream);
+    if (k->id == FMHA_KERNEL_ID_cuda_hopper_fp8_sm90)
+        return hopper_fp8_forward(pb, p, stream);
 #endif
+    if (k->id != FMHA_KERNEL_ID_cuda_flash_sm80)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not in this build", k->name);
     const bool bf16 = cfg->dtype == FMHA_DTYPE_BF16;
     const int batch = (int)pb->batch;
     cudaError_t err = cudaErrorInvalidValue;

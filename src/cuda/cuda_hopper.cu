@@ -4,16 +4,27 @@
  * of 64 queries each run S = Q K^T and O += P V on wgmma and the online
  * softmax in registers (S's accumulator fragment is P's register operand).
  * Every feature of the portable kernel runs here: masks, softcap, GQA,
- * varlen, LSE, dropout (same Philox stream), head_dim_v (zero-padded to D). */
+ * varlen, LSE, dropout (same Philox stream), head_dim_v (zero-padded to D).
+ *
+ * The same kernel takes f8_e4m3 inputs (IN_E4M3): both GEMMs run on FP8
+ * wgmma, whose B operand must be K-major, so V is first transposed into
+ * scratch (vt_kernel below) with the keys of each 16-key group permuted to
+ * match the order in which S's accumulator fragment hands P to the second
+ * GEMM. The descales fold into the softmax scale and the final 1 / l. */
 #include "cuda_common.cuh"
 
 #include <cuda.h> /* CUtensorMap */
 #include <cudaTypedefs.h>
 
+#include <math.h>
 #include <stdint.h>
+
+#include <mutex>
 
 namespace {
 using namespace fmha_cuda;
+
+enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
 
 #include "wgmma.inc"
 
@@ -36,22 +47,35 @@ using namespace fmha_cuda;
 #ifndef FMHA_HOPPER_STAGES_SMALL /* K/V ring depth for D <= 128 */
 #define FMHA_HOPPER_STAGES_SMALL 2
 #endif
-template <int D> struct htile {
-    static constexpr int NCH = (D + 63) / 64;
+/* FP8 (measured reasons to come with its tuning runs):
+ *   BN 128: V^T rows are BN keys of one byte, and the 128-byte swizzle that
+ *      wgmma reads wants rows of 128 bytes.
+ *   O staged in a region of its own (the 16-bit kernels reuse Q's rows, which
+ *      are only half as wide in FP8). */
+template <int D, int IN> struct htile {
+    static constexpr bool FP8 = IN == IN_E4M3;
+    static constexpr int EB = FP8 ? 1 : 2;   /* bytes per element */
+    static constexpr int CW = 128 / EB;      /* columns per 128-byte swizzled row chunk */
+    static constexpr int NCH = (D + CW - 1) / CW;
+    static constexpr int WK = 32 / EB;       /* k of one wgmma: 32 bytes */
     static constexpr int BM = 128;
-    static constexpr int BN = D <= 128 ? FMHA_HOPPER_BN_SMALL : FMHA_HOPPER_BN_LARGE;
+    static constexpr int BN = FP8 ? 128 : D <= 128 ? FMHA_HOPPER_BN_SMALL : FMHA_HOPPER_BN_LARGE;
     static constexpr int STAGES = D <= 128 ? FMHA_HOPPER_STAGES_SMALL : 2;
     static constexpr int THREADS = 384; /* producer warpgroup + 2 consumers */
     static constexpr uint32_t Q_BYTES = NCH * BM * 128;
-    static constexpr uint32_t KV_BYTES = NCH * BN * 128; /* one stage of K (or V) */
-    static constexpr uint32_t BAR_OFFSET = Q_BYTES + 2 * STAGES * KV_BYTES;
+    static constexpr uint32_t K_BYTES = NCH * BN * 128; /* one stage of K */
+    static constexpr uint32_t V_BYTES = D * BN * EB;    /* one stage of V (FP8: V^T, D rows of BN keys) */
+    static constexpr uint32_t O_BYTES = FP8 ? BM * D * 2 : 0; /* 16-bit O staging, FP8 only */
+    static constexpr uint32_t O_OFFSET = Q_BYTES + STAGES * (K_BYTES + V_BYTES);
+    static constexpr uint32_t BAR_OFFSET = O_OFFSET + O_BYTES;
     static constexpr size_t SMEM = BAR_OFFSET + 8 * (1 + 4 * STAGES) + 1024; /* + alignment slack */
 };
 
 struct hopper_params {
     flash_params p;
-    CUtensorMap tq, tk, tv;
-    int o_vec; /* out rows take 16-byte stores (16-bit out, aligned) */
+    CUtensorMap tq, tk, tv; /* FP8: tv maps V^T */
+    int o_vec;              /* out rows take 16-byte stores (16-bit out, aligned) */
+    float p_shift;          /* FP8: P is stored times 2^p_shift, to stay above e4m3's subnormals */
 };
 
 /* ------------------------------------------------------------ PTX wrappers */
@@ -128,42 +152,75 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
            (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | (uint64_t)1 << 62;
 }
 
+/* Four floats as e4m3 bytes, the first in the lowest byte (round to
+ * nearest even, saturated to +-448). */
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d)
+{
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+    return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+/* Where the FP8 kernel's V^T keeps key k of a 16-key group: position q holds
+ * key vt_key(q) (consumer::pack says why). */
+__host__ __device__ __forceinline__ int vt_key(int q)
+{
+    return 8 * ((q & 3) >> 1) + 2 * (q >> 2) + (q & 1);
+}
+
+/* First V^T column of packed sequence b, whose keys start at token k0: every
+ * sequence starts on a 16-key group and owns the columns up to the next one's
+ * start, so the groups line up with its tiles. */
+__host__ __device__ __forceinline__ int64_t vt_start(int64_t k0, int64_t b)
+{
+    return (k0 + 16 * b + 15) & ~(int64_t)15;
+}
+
 /* ------------------------------------------------------------- mainloop */
 
 /* The parts of one consumer warpgroup's step, on its 64 rows. Accumulator
  * element x[4 j + 2 rh + e] is row row0 + 8 rh, column 8 j + 2 (lane % 4) + e. */
-template <int D, bool BF16> struct consumer {
-    typedef htile<D> TL;
+template <int D, int IN> struct consumer {
+    typedef htile<D, IN> TL;
     static constexpr int BN = TL::BN;
+    static constexpr int PA = BN / TL::WK; /* P's register fragments, one per wgmma of O += P V */
 
-    /* Issues S = Q K^T: D / 16 steps of k 16, 4 per 64-column chunk (32 bytes each). */
+    /* Issues S = Q K^T: one wgmma per 32 bytes of the head dim, four per
+     * 128-byte chunk. */
     static __device__ __forceinline__ void issue_scores(float *sc, uint32_t q_rows, uint32_t k_stage)
     {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
+        for (int ks = 0; ks < D / TL::WK; ks++) {
             const uint32_t col = (ks % 4) * 32u;
-            wgmma<BN, BF16>::ss(sc, smem_desc(q_rows + (ks / 4) * TL::BM * 128 + col, 16, 1024),
-                                smem_desc(k_stage + (ks / 4) * BN * 128 + col, 16, 1024), ks > 0);
+            wgmma<BN, IN>::ss(sc, smem_desc(q_rows + (ks / 4) * TL::BM * 128 + col, 16, 1024),
+                              smem_desc(k_stage + (ks / 4) * BN * 128 + col, 16, 1024), ks > 0);
         }
     }
 
-    /* Issues O += P V: V is [BN keys][D] in 64-column chunks BN * 128 bytes apart. */
-    static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*pa)[4], uint32_t v_stage)
+    /* Issues O += P V (accumulate = 0: O = P V). 16-bit: V is [BN keys][D] in
+     * 64-column chunks BN * 128 bytes apart (MN-major). FP8: V^T is [D][BN
+     * keys], one 128-byte row per output column (K-major). */
+    static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*pa)[4], uint32_t v_stage,
+                                                    int accumulate)
     {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            wgmma<D, BF16>::rs(o, pa[kk], smem_desc(v_stage + kk * 16 * 128, BN * 128, 1024), 1);
+        for (int kk = 0; kk < PA; kk++) {
+            const uint64_t desc = TL::FP8 ? smem_desc(v_stage + kk * 32, 16, 1024)
+                                          : smem_desc(v_stage + kk * 16 * 128, BN * 128, 1024);
+            wgmma<D, IN>::rs(o, pa[kk], desc, kk > 0 || accumulate);
+        }
     }
 
     /* Softcap, then -inf where a row does not see a key (tile edges only). */
-    static __device__ __forceinline__ void mask(float *sc, const flash_params &p, int64_t n0, int nvalid,
-                                               bool full, int row0, int rows, int64_t m0, int64_t sq,
-                                               int64_t sk, int lane)
+    static __device__ __forceinline__ void mask(float *sc, const flash_params &p, float cap_in,
+                                               int64_t n0, int nvalid, bool full, int row0, int rows,
+                                               int64_t m0, int64_t sq, int64_t sk, int lane)
     {
         if (p.softcap_out != 0.0f) {
 #pragma unroll
             for (int i = 0; i < BN / 2; i++)
-                sc[i] = tanh_fast(sc[i] * p.softcap_in) * p.softcap_out;
+                sc[i] = tanh_fast(sc[i] * cap_in) * p.softcap_out;
         }
         if (full)
             return;
@@ -185,10 +242,11 @@ template <int D, bool BF16> struct consumer {
         }
     }
 
-    /* Online softmax: new running max and sum, P = exp2 in place, and the
-     * factor alpha by which O must shrink. A row's keys sit in one quad. */
+    /* Online softmax: new running max and sum, P = exp2 in place (times
+     * 2^shift), and the factor alpha by which O must shrink. A row's keys sit
+     * in one quad. */
     static __device__ __forceinline__ void softmax(float *sc, float *m_row, float *l_row, float *alpha,
-                                                   float scale_log2)
+                                                   float scale_log2, float shift)
     {
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) {
@@ -200,13 +258,14 @@ template <int D, bool BF16> struct consumer {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms 0 */
             alpha[rh] = exp2_approx(m_row[rh] - base);
+            const float nb = shift - base;
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float &x = sc[4 * j + 2 * rh + e];
-                    x = exp2_approx(fmaf(x, scale_log2, -base));
+                    x = exp2_approx(fmaf(x, scale_log2, nb));
                     sum += x;
                 }
             l_row[rh] = l_row[rh] * alpha[rh] + sum; /* the quad adds up at the end */
@@ -222,6 +281,19 @@ template <int D, bool BF16> struct consumer {
             o[4 * j + 1] *= alpha[0];
             o[4 * j + 2] *= alpha[1];
             o[4 * j + 3] *= alpha[1];
+        }
+    }
+
+    /* Two-level accumulation: O = O * alpha + T, in f32, for the product T of
+     * one tile (FP8 wgmma keeps fewer bits than f32 when it accumulates). */
+    static __device__ __forceinline__ void merge(float *o, const float *t, const float *alpha)
+    {
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            o[4 * j] = fmaf(o[4 * j], alpha[0], t[4 * j]);
+            o[4 * j + 1] = fmaf(o[4 * j + 1], alpha[0], t[4 * j + 1]);
+            o[4 * j + 2] = fmaf(o[4 * j + 2], alpha[1], t[4 * j + 2]);
+            o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], t[4 * j + 3]);
         }
     }
 
@@ -243,15 +315,33 @@ template <int D, bool BF16> struct consumer {
             }
     }
 
-    /* P as wgmma's register A operand: keys 16 kk .. 16 kk + 15. */
+    /* P as wgmma's register A operand. 16-bit: keys 16 kk .. 16 kk + 15 in
+     * the accumulator's own order. FP8: register v1 + 2 v2 of fragment kq
+     * holds row rh = v1 at k positions 16 v2 + 4 (lane % 4) + v0, v0 = 0..3;
+     * taking them from this thread's accumulators x[4 j + 2 v1 + e], j = 4 kq
+     * + 2 v2 + v0 / 2, e = v0 % 2, puts key 8 (v0 / 2) + 2 (lane % 4) + e of
+     * the 16-key group at position 4 (lane % 4) + v0: vt_kernel stores V^T in
+     * that order (vt_key). */
     static __device__ __forceinline__ void pack(const float *sc, uint32_t (*pa)[4])
     {
+        if (TL::FP8) {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = pack2<BF16>(sc[8 * kk + 0], sc[8 * kk + 1]);
-            pa[kk][1] = pack2<BF16>(sc[8 * kk + 2], sc[8 * kk + 3]);
-            pa[kk][2] = pack2<BF16>(sc[8 * kk + 4], sc[8 * kk + 5]);
-            pa[kk][3] = pack2<BF16>(sc[8 * kk + 6], sc[8 * kk + 7]);
+            for (int kq = 0; kq < PA; kq++)
+#pragma unroll
+                for (int v2 = 0; v2 < 2; v2++)
+#pragma unroll
+                    for (int v1 = 0; v1 < 2; v1++) {
+                        const float *x0 = sc + 4 * (4 * kq + 2 * v2) + 2 * v1, *x1 = x0 + 4;
+                        pa[kq][v1 + 2 * v2] = pack4_e4m3(x0[0], x0[1], x1[0], x1[1]);
+                    }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < PA; kk++) {
+                pa[kk][0] = pack2<IN == IN_BF16>(sc[8 * kk + 0], sc[8 * kk + 1]);
+                pa[kk][1] = pack2<IN == IN_BF16>(sc[8 * kk + 2], sc[8 * kk + 3]);
+                pa[kk][2] = pack2<IN == IN_BF16>(sc[8 * kk + 4], sc[8 * kk + 5]);
+                pa[kk][3] = pack2<IN == IN_BF16>(sc[8 * kk + 6], sc[8 * kk + 7]);
+            }
         }
     }
 };
@@ -272,17 +362,17 @@ __device__ __forceinline__ void named_arrive(int id, int threads)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int D, bool BF16, bool DROPOUT>
+template <int D, int IN, bool DROPOUT, bool TWO_LEVEL>
 __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hopper_params hp)
 {
-    typedef htile<D> TL;
-    typedef consumer<D, BF16> C;
-    constexpr int BM = TL::BM, BN = TL::BN, NCH = TL::NCH, STAGES = TL::STAGES;
+    typedef htile<D, IN> TL;
+    typedef consumer<D, IN> C;
+    constexpr int BM = TL::BM, BN = TL::BN, NCH = TL::NCH, STAGES = TL::STAGES, CW = TL::CW;
     const flash_params &p = hp.p;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t sQ = (raw + 1023u) & ~1023u; /* the swizzle repeats every 1024 bytes */
-    const uint32_t sK = sQ + TL::Q_BYTES, sV = sK + STAGES * TL::KV_BYTES;
+    const uint32_t sK = sQ + TL::Q_BYTES, sV = sK + STAGES * TL::K_BYTES;
     /* mbarriers: Q full; per stage K full, V full, K empty, V empty. */
     const uint32_t bar_q = sQ + TL::BAR_OFFSET;
     auto k_full = [&](int s) { return bar_q + 8u * (1u + s); };
@@ -315,14 +405,22 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         regs_dealloc<40>();
         if (threadIdx.x == 0) {
             auto load = [&](uint32_t dst, const CUtensorMap *map, int row, uint32_t bar) {
-                mbar_expect_tx(bar, TL::KV_BYTES);
+                mbar_expect_tx(bar, TL::K_BYTES);
                 for (int c = 0; c < NCH; c++)
-                    tma_load(dst + c * BN * 128, map, c * 64, row, hk, (int)tb, bar);
+                    tma_load(dst + c * BN * 128, map, c * CW, row, hk, (int)tb, bar);
             };
             auto row_of = [&](int t) { return (int)(k0 + kv_begin + (int64_t)t * BN); };
+            /* FP8: V^T tiles are one box of D rows x BN keys (vt_start). */
+            const int64_t vt_col = p.varlen ? vt_start(k0, b) + kv_begin : kv_begin;
+            auto load_v = [&](uint32_t dst, int t, uint32_t bar) {
+                if (!TL::FP8)
+                    return load(dst, &hp.tv, row_of(t), bar);
+                mbar_expect_tx(bar, TL::V_BYTES);
+                tma_load(dst, &hp.tv, (int)(vt_col + (int64_t)t * BN), 0, hk, p.varlen ? 0 : (int)tb, bar);
+            };
             mbar_expect_tx(bar_q, TL::Q_BYTES);
             for (int c = 0; c < NCH; c++)
-                tma_load(sQ + c * BM * 128, &hp.tq, c * 64, (int)(q0 + m0), h, (int)tb, bar_q);
+                tma_load(sQ + c * BM * 128, &hp.tq, c * CW, (int)(q0 + m0), h, (int)tb, bar_q);
             /* K runs one tile ahead of V, as the consumers use them: K0 K1 V0 K2 V1 ... */
             if (ntiles > 0)
                 load(sK, &hp.tk, row_of(0), k_full(0));
@@ -331,12 +429,12 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     const int s = (t + 1) % STAGES;
                     if (t + 1 >= STAGES)
                         mbar_wait(k_empty(s), (((t + 1) / STAGES) - 1) & 1);
-                    load(sK + s * TL::KV_BYTES, &hp.tk, row_of(t + 1), k_full(s));
+                    load(sK + s * TL::K_BYTES, &hp.tk, row_of(t + 1), k_full(s));
                 }
                 const int s = t % STAGES;
                 if (t >= STAGES)
                     mbar_wait(v_empty(s), ((t / STAGES) - 1) & 1);
-                load(sV + s * TL::KV_BYTES, &hp.tv, row_of(t), v_full(s));
+                load_v(sV + s * TL::V_BYTES, t, v_full(s));
             }
         }
         return;
@@ -358,12 +456,46 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     auto tile_full = [&](int t) { return block_span_full(bs, tile_n0(t), BN); };
     auto tile_valid = [&](int t) { return (int)min64(BN, kv_end - tile_n0(t)); };
 
+    /* FP8: q and k's descales scale the scores (before the softcap), v's the
+     * output; P carries a factor 2^p_shift that 1 / l cancels. */
+    float scale_log2 = p.scale_log2, cap_in = p.softcap_in, shift = 0.0f, o_scale = 1.0f;
+    if (TL::FP8) {
+        const int64_t di = p.descale_per_kv_head ? (int64_t)b * p.kv_heads + hk : 0;
+        const float qk = (p.descale_q ? p.descale_q[di] : 1.0f) * (p.descale_k ? p.descale_k[di] : 1.0f);
+        if (p.softcap_out != 0.0f)
+            cap_in *= qk;
+        else
+            scale_log2 *= qk;
+        shift = hp.p_shift;
+        o_scale = p.descale_v ? p.descale_v[di] : 1.0f;
+    }
+
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
         o[i] = 0.0f;
-    float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f}, alpha[2];
-    uint32_t pa[BN / 16][4];
+    float t_acc[TWO_LEVEL ? D / 2 : 1]; /* two-level: one tile's P V */
+    float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+    float alpha[2] = {0.0f, 0.0f}, alpha_p[2] = {0.0f, 0.0f};
+    uint32_t pa[C::PA][4];
+    /* P V of the tile in pa, into O or (two-level) into t_acc. */
+    auto issue_pv = [&](uint32_t v_stage) {
+        if (TWO_LEVEL)
+            C::issue_pv(t_acc, pa, v_stage, 0);
+        else
+            C::issue_pv(o, pa, v_stage, 1);
+    };
+    /* After P V has landed: O in step with the running max. */
+    auto fold_pv = [&]() {
+        if (TWO_LEVEL) {
+            fence_regs<D / 2>(t_acc);
+            C::merge(o, t_acc, alpha_p); /* t_acc's P used alpha_p's max */
+            alpha_p[0] = alpha[0];
+            alpha_p[1] = alpha[1];
+        } else {
+            fence_regs<D / 2>(o);
+        }
+    };
 
     /* Ping-pong: the two consumers take turns issuing their GEMMs, so one's
      * softmax runs while the other's GEMMs hold the tensor cores. Consumer 1
@@ -383,8 +515,10 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         wg_wait<0>();
         fence_regs<BN / 2>(sc);
         release(k_empty(0));
-        C::mask(sc, p, tile_n0(0), tile_valid(0), tile_full(0), row0, rows, m0, sq, sk, lane);
-        C::softmax(sc, m_row, l_row, alpha, p.scale_log2);
+        C::mask(sc, p, cap_in, tile_n0(0), tile_valid(0), tile_full(0), row0, rows, m0, sq, sk, lane);
+        C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
+        alpha_p[0] = alpha[0];
+        alpha_p[1] = alpha[1];
         if (DROPOUT)
             C::dropout(sc, p, seq_head, m0 + row0, tile_n0(0), lane);
         C::pack(sc, pa);
@@ -397,21 +531,22 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         mbar_wait(k_full(s), (t / STAGES) & 1);
         named_sync(BAR_TURN + cw, 256);
         wg_fence();
-        C::issue_scores(sc, q_rows, sK + s * TL::KV_BYTES);
+        C::issue_scores(sc, q_rows, sK + s * TL::K_BYTES);
         wg_commit();
         mbar_wait(v_full(sp), ((t - 1) / STAGES) & 1);
-        C::issue_pv(o, pa, sV + sp * TL::KV_BYTES);
+        issue_pv(sV + sp * TL::V_BYTES);
         wg_commit();
         named_arrive(BAR_TURN + (1 - cw), 256);
         wg_wait<1>();
         fence_regs<BN / 2>(sc);
         release(k_empty(s));
-        C::mask(sc, p, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq, sk, lane);
-        C::softmax(sc, m_row, l_row, alpha, p.scale_log2);
+        C::mask(sc, p, cap_in, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq, sk, lane);
+        C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
         wg_wait<0>();
-        fence_regs<D / 2>(o);
+        fold_pv();
         release(v_empty(sp));
-        C::rescale(o, alpha);
+        if (!TWO_LEVEL)
+            C::rescale(o, alpha);
         if (DROPOUT)
             C::dropout(sc, p, seq_head, m0 + row0, tile_n0(t), lane);
         C::pack(sc, pa);
@@ -420,10 +555,10 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         const int sp = (ntiles - 1) % STAGES;
         mbar_wait(v_full(sp), ((ntiles - 1) / STAGES) & 1);
         wg_fence();
-        C::issue_pv(o, pa, sV + sp * TL::KV_BYTES);
+        issue_pv(sV + sp * TL::V_BYTES);
         wg_commit();
         wg_wait<0>();
-        fence_regs<D / 2>(o);
+        fold_pv();
         release(v_empty(sp));
     }
 
@@ -434,15 +569,16 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         float l = l_row[rh];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[rh] = l > 0.0f ? 1.0f / l : 0.0f;
+        inv[rh] = l > 0.0f ? o_scale / l : 0.0f;
         const int r = row0 + 8 * rh;
         if (p.lse && lane % 4 == 0 && r < rows)
-            store_lse(p, bs, r, m_row[rh], l);
+            store_lse(p, bs, r, m_row[rh] - shift, l);
     }
     if (hp.o_vec) {
-        /* Stage the warpgroup's 64 rows in its own (consumed) Q rows, in the
-         * same swizzled chunks, then write whole 16-byte pieces of rows. */
-        unsigned char *smem = smem_raw + (sQ - raw);
+        /* Stage the warpgroup's 64 rows in its own (consumed) Q rows (FP8: the
+         * O region), in 64-column swizzled chunks, then write whole 16-byte
+         * pieces of rows. */
+        unsigned char *smem = smem_raw + (sQ - raw) + (TL::FP8 ? TL::O_OFFSET : 0);
         const bool out_bf16 = p.out_dtype == FMHA_DTYPE_BF16;
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
@@ -500,65 +636,190 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled()
     return fn;
 }
 
-/* A 4-D map (head-dim columns, rows, heads, batch) over a 16-bit tensor, in
- * boxes of 64 columns x box_rows rows, 128-byte swizzled. Coordinates past
- * the tensor's extents read as zeros. */
-fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, bool bf16, const char *name)
+/* A 4-D map (columns, rows, heads, batch) over a tensor of `eb`-byte
+ * elements, in boxes of 128 bytes of columns x box_rows rows, 128-byte
+ * swizzled. Coordinates past the tensor's extents read as zeros. */
+fmha_status make_map_raw(CUtensorMap *map, void *data, CUtensorMapDataType type, int eb,
+                         const int64_t dims_in[4], const int64_t strides_in[3], int box_rows,
+                         const char *name)
 {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     if (!encode)
         return fmha_set_error(FMHA_STATUS_BACKEND_ERROR,
                               "the CUDA driver has no cuTensorMapEncodeTiled (driver older than 12.0?)");
-    cuuint64_t dims[4] = {(cuuint64_t)t.head_dim, (cuuint64_t)t.seqlen, (cuuint64_t)t.heads,
-                          (cuuint64_t)t.batch};
+    cuuint64_t dims[4], strides[3];
+    for (int i = 0; i < 4; i++)
+        dims[i] = (cuuint64_t)dims_in[i];
     /* Strides of extent-1 axes are never followed; any legal value does. */
-    int64_t ss = t.seqlen > 1 ? t.stride_seq : 8, sh = t.heads > 1 ? t.stride_head : 8,
-            sb = t.batch > 1 ? t.stride_batch : 8;
-    cuuint64_t strides[3] = {(cuuint64_t)ss * 2, (cuuint64_t)sh * 2, (cuuint64_t)sb * 2};
-    cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    for (int i = 0; i < 3; i++)
+        strides[i] = (cuuint64_t)(dims_in[i + 1] > 1 ? strides_in[i] * eb : 16);
+    cuuint32_t box[4] = {(cuuint32_t)(128 / eb), (cuuint32_t)box_rows, 1, 1};
     cuuint32_t estr[4] = {1, 1, 1, 1};
-    CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                        4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    CUresult r = encode(map, type, 4, data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return fmha_set_error(FMHA_STATUS_BACKEND_ERROR,
                               "cuTensorMapEncodeTiled refused %s (error %d): strides (%lld, %lld, "
                               "%lld) elements",
-                              name, (int)r, (long long)t.stride_seq, (long long)t.stride_head,
-                              (long long)t.stride_batch);
+                              name, (int)r, (long long)strides_in[0], (long long)strides_in[1],
+                              (long long)strides_in[2]);
     return FMHA_STATUS_OK;
 }
 
-template <int D, bool BF16, bool DROPOUT>
+/* The map of q, k or v: (head-dim column, token, head, batch). */
+fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int in, const char *name)
+{
+    const int64_t dims[4] = {t.head_dim, t.seqlen, t.heads, t.batch};
+    const int64_t strides[3] = {t.stride_seq, t.stride_head, t.stride_batch};
+    const CUtensorMapDataType type = in == IN_E4M3  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                     : in == IN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return make_map_raw(map, t.data, type, in == IN_E4M3 ? 1 : 2, dims, strides, box_rows, name);
+}
+
+template <int D, int IN, bool DROPOUT, bool TWO_LEVEL>
 cudaError_t launch_variant(const hopper_params &hp, int64_t max_sq, int batch, cudaStream_t stream)
 {
-    static_assert(htile<D>::SMEM <= 227 * 1024, "tile exceeds the 227 KB of shared memory per block");
-    const size_t smem = htile<D>::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(hopper_fwd<D, BF16, DROPOUT>,
+    static_assert(htile<D, IN>::SMEM <= 227 * 1024, "tile exceeds the 227 KB of shared memory per block");
+    const size_t smem = htile<D, IN>::SMEM;
+    cudaError_t err = cudaFuncSetAttribute(hopper_fwd<D, IN, DROPOUT, TWO_LEVEL>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    dim3 grid((unsigned)((max_sq + htile<D>::BM - 1) / htile<D>::BM), (unsigned)hp.p.heads,
+    dim3 grid((unsigned)((max_sq + htile<D, IN>::BM - 1) / htile<D, IN>::BM), (unsigned)hp.p.heads,
               (unsigned)batch);
-    hopper_fwd<D, BF16, DROPOUT><<<grid, htile<D>::THREADS, smem, stream>>>(hp);
+    hopper_fwd<D, IN, DROPOUT, TWO_LEVEL><<<grid, htile<D, IN>::THREADS, smem, stream>>>(hp);
     return cudaGetLastError();
 }
 
-template <int D, bool BF16>
+template <int D, int IN>
 fmha_status launch(hopper_params &hp, const fmha_problem *pb, cudaStream_t stream)
 {
     const fmha_forward_args *a = pb->args;
     fmha_status st;
-    if ((st = make_map(&hp.tq, a->q, htile<D>::BM, BF16, "q")) != FMHA_STATUS_OK ||
-        (st = make_map(&hp.tk, a->k, htile<D>::BN, BF16, "k")) != FMHA_STATUS_OK ||
-        (st = make_map(&hp.tv, a->v, htile<D>::BN, BF16, "v")) != FMHA_STATUS_OK)
+    if ((st = make_map(&hp.tq, a->q, htile<D, IN>::BM, IN, "q")) != FMHA_STATUS_OK ||
+        (st = make_map(&hp.tk, a->k, htile<D, IN>::BN, IN, "k")) != FMHA_STATUS_OK ||
+        (IN != IN_E4M3 && (st = make_map(&hp.tv, a->v, htile<D, IN>::BN, IN, "v")) != FMHA_STATUS_OK))
         return st;
     const int64_t max_sq = pb->max_sq;
     const int batch = (int)pb->batch;
-    cudaError_t err = hp.p.drop_threshold ? launch_variant<D, BF16, true>(hp, max_sq, batch, stream)
-                                        : launch_variant<D, BF16, false>(hp, max_sq, batch, stream);
+    cudaError_t err = hp.p.drop_threshold ? launch_variant<D, IN, true, false>(hp, max_sq, batch, stream)
+                                          : launch_variant<D, IN, false, false>(hp, max_sq, batch, stream);
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
+}
+
+/* ------------------------------------------------------------- FP8 host */
+
+/* V^T for the FP8 kernel: vt[tb][hk][c][col] = v[key][hk][c] with key =
+ * 16 (col / 16) + vt_key(col % 16) of the sequence whose columns hold col
+ * (vt_start), 0 past its keys. A block covers 64 columns of one (sequence,
+ * KV head): it reads their keys' rows, then writes 4 columns per thread. */
+constexpr int VT_COLS = 64;
+
+__global__ void __launch_bounds__(256) vt_kernel(const flash_params p, uint8_t *vt, int64_t cols,
+                                                 int vec4)
+{
+    __shared__ uint8_t tile[VT_COLS][256 + 4]; /* [key][channel]; the pad spreads banks */
+    const int b = blockIdx.z, hk = blockIdx.y;
+    int64_t k0 = 0, len = p.sk, c0 = 0, own = cols, tb = b;
+    if (p.varlen) {
+        k0 = p.cu_k[b];
+        len = p.cu_k[b + 1] - k0;
+        c0 = vt_start(k0, b);
+        own = vt_start(p.cu_k[b + 1], b + 1) - c0;
+        tb = 0;
+    }
+    const int64_t x0 = (int64_t)blockIdx.x * VT_COLS;
+    if (x0 >= own)
+        return;
+    const uint8_t *v = (const uint8_t *)p.v + tb * p.v_sb + hk * p.v_sh;
+    const int dv = p.dv;
+    if (vec4) {
+        const int words = dv / 4;
+        for (int i = threadIdx.x; i < VT_COLS * words; i += blockDim.x) {
+            const int r = i / words, w = i % words;
+            const int64_t key = x0 + r;
+            const uint32_t x = key < len ? *(const uint32_t *)(v + (k0 + key) * p.v_ss + 4 * w) : 0u;
+            *(uint32_t *)&tile[r][4 * w] = x;
+        }
+    } else {
+        for (int i = threadIdx.x; i < VT_COLS * dv; i += blockDim.x) {
+            const int r = i / dv, c = i % dv;
+            const int64_t key = x0 + r;
+            tile[r][c] = key < len ? v[(k0 + key) * p.v_ss + c] : 0;
+        }
+    }
+    __syncthreads();
+    const int groups = VT_COLS / 4;
+    uint8_t *out = vt + ((tb * p.kv_heads + hk) * (int64_t)dv) * cols + c0 + x0;
+    for (int i = threadIdx.x; i < dv * groups; i += blockDim.x) {
+        const int c = i / groups, g = i % groups;
+        if (x0 + 4 * g >= own) /* own is a multiple of 16 */
+            continue;
+        uint32_t w = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int q = 4 * g + e;
+            w |= (uint32_t)tile[(q & ~15) + vt_key(q & 15)][c] << (8 * e);
+        }
+        *(uint32_t *)(out + (int64_t)c * cols + 4 * g) = w;
+    }
+}
+
+/* Stream-ordered scratch from a pool of fmha's own per device, which keeps
+ * its memory between calls (the default pool would hand it back to the
+ * driver at every synchronisation). */
+cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream)
+{
+    static std::mutex mu;
+    static cudaMemPool_t pools[64];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess)
+        return err;
+    if (dev < 0 || dev >= 64)
+        return cudaErrorInvalidDevice;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!pools[dev]) {
+            cudaMemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = dev;
+            if ((err = cudaMemPoolCreate(&pools[dev], &props)) != cudaSuccess)
+                return err;
+            uint64_t keep = UINT64_MAX;
+            cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+    }
+    return cudaMallocFromPoolAsync(ptr, bytes, pools[dev], stream);
+}
+
+template <int D>
+fmha_status launch_fp8(hopper_params &hp, const fmha_problem *pb, const CUtensorMap &tv, bool two_level,
+                       cudaStream_t stream)
+{
+    typedef htile<D, IN_E4M3> TL;
+    hp.tv = tv;
+    const fmha_forward_args *a = pb->args;
+    fmha_status st;
+    if ((st = make_map(&hp.tq, a->q, TL::BM, IN_E4M3, "q")) != FMHA_STATUS_OK ||
+        (st = make_map(&hp.tk, a->k, TL::BN, IN_E4M3, "k")) != FMHA_STATUS_OK)
+        return st;
+    const int64_t max_sq = pb->max_sq;
+    const int batch = (int)pb->batch;
+    cudaError_t err;
+    /* Two-level accumulation holds one tile's P V beside O: at D = 256, or
+     * with dropout's draws at D = 128, that spills (ptxas: 380 bytes). */
+    constexpr bool TWO = D <= 128;
+    if (hp.p.drop_threshold)
+        err = launch_variant<D, IN_E4M3, true, false>(hp, max_sq, batch, stream);
+    else
+        err = two_level && TWO ? launch_variant<D, IN_E4M3, false, TWO>(hp, max_sq, batch, stream)
+                               : launch_variant<D, IN_E4M3, false, false>(hp, max_sq, batch, stream);
+    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper FP8 attention kernel launch");
 }
 
 } // namespace
@@ -575,11 +836,62 @@ fmha_status hopper_forward(const fmha_problem *pb, const flash_params &p, cudaSt
     h.o_vec = pb->args->out.dtype != FMHA_DTYPE_F32 && chunk_aligned(pb->args->out);
 #define FMHA_LAUNCH(D)                                                                            \
     if (dmax <= D)                                                                                \
-        return bf16 ? launch<D, true>(h, pb, stream) : launch<D, false>(h, pb, stream);
+        return bf16 ? launch<D, IN_BF16>(h, pb, stream) : launch<D, IN_F16>(h, pb, stream);
     FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
 #undef FMHA_LAUNCH
     return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
                           (long long)dmax);
+}
+
+/* FP8: V^T into pooled scratch on the stream, then the kernel; the scratch
+ * goes back to the pool behind the kernel. */
+fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream)
+{
+    const fmha_forward_args *a = pb->args;
+    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
+    hopper_params h;
+    memset(&h, 0, sizeof h);
+    h.p = p;
+    h.o_vec = a->out.dtype != FMHA_DTYPE_F32 && chunk_aligned(a->out);
+    /* P <= drop_scale after dropout: scaled by 2^shift it stays below e4m3's 448. */
+    const double pmax = pb->drop_threshold ? pb->drop_rescale : 1.0;
+    h.p_shift = (float)fmin(8.0, floor(log2(448.0 / pmax)));
+
+    const int64_t nseq = pb->batch, kvh = pb->kv_heads, dv = pb->dv;
+    const int64_t cols = p.varlen ? vt_start(a->k.seqlen, nseq) : (a->k.seqlen + 15) & ~(int64_t)15;
+    const int64_t vt_batch = p.varlen ? 1 : nseq;
+    void *vt = nullptr;
+    cudaError_t err = scratch_alloc(&vt, (size_t)(vt_batch * kvh * dv * cols), stream);
+    if (err != cudaSuccess)
+        return cuda_error(err, "allocating V^T scratch for FP8 attention");
+    const fmha_tensor &v = a->v;
+    const int vec4 = dv % 4 == 0 && (uintptr_t)v.data % 4 == 0 &&
+                     (v.stride_seq % 4 == 0 || v.seqlen == 1) && (v.stride_head % 4 == 0 || v.heads == 1) &&
+                     (v.stride_batch % 4 == 0 || v.batch == 1);
+    int64_t max_own = p.varlen ? (pb->max_sk + 15 + 32) & ~(int64_t)15 : cols;
+    dim3 grid((unsigned)((max_own + VT_COLS - 1) / VT_COLS), (unsigned)kvh, (unsigned)nseq);
+    vt_kernel<<<grid, 256, 0, stream>>>(p, (uint8_t *)vt, cols, vec4);
+    fmha_status st = FMHA_STATUS_OK;
+    if ((err = cudaGetLastError()) != cudaSuccess)
+        st = cuda_error(err, "the FP8 V^T kernel launch");
+    CUtensorMap tv;
+    const int64_t dims[4] = {cols, dv, kvh, vt_batch};
+    const int64_t strides[3] = {cols, dv * cols, kvh * dv * cols};
+    const bool two_level = fmha_fp8_two_level();
+#define FMHA_LAUNCH(D)                                                                            \
+    else if (dmax <= D) {                                                                         \
+        st = make_map_raw(&tv, vt, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, dims, strides, D, "v^t");    \
+        if (st == FMHA_STATUS_OK)                                                                 \
+            st = launch_fp8<D>(h, pb, tv, two_level, stream);                                     \
+    }
+    if (st != FMHA_STATUS_OK) {
+    }
+    FMHA_CUDA_FP8_HEAD_DIMS(FMHA_LAUNCH)
+    else st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA "
+                             "kernel", (long long)dmax);
+#undef FMHA_LAUNCH
+    cudaFreeAsync(vt, stream);
+    return st;
 }
 
 } // namespace fmha_cuda

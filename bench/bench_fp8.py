@@ -1,0 +1,176 @@
+"""bench_fp8.py — fmha's FP8 attention on the GPU (f8_e4m3 q, k, v with
+per-tensor descales, bf16 out) against fmha's bf16 Hopper kernel and torch's
+cuDNN SDPA (bf16) in the same process, with the accuracy of both FP8
+accumulation modes (FMHA_FP8_ACCUM=two_level, the default, and single).
+
+Inputs: N(0, 1) bf16 q, k, v, quantized per tensor by torch (scale = amax /
+448, round to nearest, saturate) outside the timed region; the FP8 time
+includes fmha's V transpose. Accuracy is measured on the first 128 query rows
+of each head against a float64 reference: "kernel" on the dequantized FP8
+inputs (what the FP8 kernel adds: e4m3 P, accumulation), "total" on the
+original bf16 inputs (quantization included).
+
+usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick]
+"""
+import argparse
+import ctypes as C
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cuda import Args, Config, Tensor, flops  # noqa: E402  (the one ctypes mirror)
+
+# (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
+SHAPES = [
+    ("wan14b_720p", 1, 75600, 75600, 40, 40, 128, False),
+    ("wan14b_480p", 1, 32760, 32760, 40, 40, 128, False),
+    ("flux_1024", 1, 4608, 4608, 24, 24, 128, False),
+    ("fa3grid_d128_8k", 2, 8192, 8192, 16, 16, 128, False),
+    ("fa3grid_d128", 1, 16384, 16384, 16, 16, 128, False),
+    ("fa3grid_d64", 1, 16384, 16384, 32, 32, 64, False),
+    ("fa3grid_d256", 1, 16384, 16384, 8, 8, 256, False),
+    ("llama_gqa_causal", 1, 8192, 8192, 32, 8, 128, True),
+]
+QUICK = {"flux_1024", "fa3grid_d128", "wan14b_480p"}
+F8, BF16, CUDA = 3, 2, 1
+ROWS = 128  # query rows per head checked against float64
+
+
+def view(x, dtype):
+    """A [B, H, S, D] torch tensor as an fmha BSHD view (strides in elements)."""
+    b, h, s, d = x.shape
+    sb, sh, ss, sd = x.stride()
+    return Tensor(x.data_ptr(), dtype, b, s, h, d, sb, ss, sh, sd)
+
+
+def quantize(x):
+    amax = x.abs().amax().float()
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    codes = (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes, scale.reshape(1).contiguous()
+
+
+def reference(xs, causal, sq, scale):
+    """float64 attention of q's first ROWS rows over all keys, [B, H, ROWS, D];
+    causal masks are bottom-right aligned (row i sees keys <= i + sk - sq)."""
+    q, k, v = xs
+    q = q[:, :, :ROWS].double()
+    h = q.shape[1]
+    k, v = k.double(), v.double()
+    if k.shape[1] != h:
+        k = k.repeat_interleave(h // k.shape[1], dim=1)
+        v = v.repeat_interleave(h // v.shape[1], dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        sk = k.shape[2]
+        i = torch.arange(q.shape[2], device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def rel_l2(x, ref):
+    return ((x.double() - ref).norm() / ref.norm()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libfmha.so")
+    ap.add_argument("--quick", action="store_true")
+    opt = ap.parse_args()
+
+    lib = C.CDLL(opt.lib)
+    lib.fmha_forward.argtypes = [C.POINTER(Config), C.POINTER(Args)]
+    lib.fmha_last_error.restype = C.c_char_p
+    lib.fmha_config_init.argtypes = [C.POINTER(Config), C.c_int64, C.c_int64, C.c_int64]
+
+    print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}")
+    rows = []
+    for name, b, sq, sk, h, hkv, d, causal in SHAPES:
+        if opt.quick and name not in QUICK:
+            continue
+        torch.manual_seed(0)
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        q8, k8, v8 = (quantize(x) for x in (q, k, v))
+        out8 = torch.empty_like(q)
+        out16 = torch.empty_like(q)
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def make(dtype, xs, out, descales):
+            cfg = Config()
+            lib.fmha_config_init(C.byref(cfg), h, hkv, d)
+            cfg.dtype, cfg.causal, cfg.device = dtype, int(causal), CUDA
+            a = Args()
+            a.q, a.k, a.v = (view(x, dtype) for x in xs)
+            a.out = view(out, BF16)
+            a.stream = stream
+            if descales:
+                a.descale_q, a.descale_k, a.descale_v = (s.data_ptr() for s in descales)
+            return cfg, a
+
+        cfg8, a8 = make(F8, (q8[0], k8[0], v8[0]), out8, (q8[1], k8[1], v8[1]))
+        cfg16, a16 = make(BF16, (q, k, v), out16, None)
+
+        def run(cfg, a):
+            def fn():
+                if lib.fmha_forward(C.byref(cfg), C.byref(a)) != 0:
+                    raise RuntimeError(lib.fmha_last_error().decode())
+            return fn
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hkv != h)
+
+        scale = 1.0 / math.sqrt(d)
+        deq = [x8.float() * s for x8, s in (q8, k8, v8)]
+        ref_deq = reference(deq, causal, sq, scale)
+        ref_bf16 = reference((q, k, v), causal, sq, scale)
+        err = {}
+        t = {}
+        for mode in ("two_level", "single"):
+            os.environ["FMHA_FP8_ACCUM"] = mode
+            run(cfg8, a8)()
+            torch.cuda.synchronize()
+            err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
+            t[mode] = do_bench(run(cfg8, a8), warmup=25, rep=200, return_mode="median")
+        del os.environ["FMHA_FP8_ACCUM"]
+        run(cfg16, a16)()
+        torch.cuda.synchronize()
+        err16 = rel_l2(out16[:, :, :ROWS], ref_bf16)
+        t["bf16"] = do_bench(run(cfg16, a16), warmup=25, rep=200, return_mode="median")
+        try:
+            t["cudnn"] = do_bench(cudnn, warmup=25, rep=200, return_mode="median")
+        except Exception as e:  # noqa: BLE001  (a backend that refuses a shape)
+            t["cudnn"] = math.nan
+            print(f"{name}: cudnn: {str(e).splitlines()[0]}")
+        fl = flops(b, sq, sk, h, d, causal)
+        tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
+        rows.append((name, tf, err, err16))
+        print(f"{name:18s} fp8 {tf['two_level']:6.1f} (single {tf['single']:6.1f})  bf16 {tf['bf16']:6.1f}"
+              f"  cudnn {tf['cudnn']:6.1f}  x{tf['two_level'] / tf['bf16']:.2f} bf16"
+              f"  x{tf['two_level'] / tf['cudnn']:.2f} cudnn  relL2 kernel {err['two_level'][0]:.2e}"
+              f" (single {err['single'][0]:.2e})  total {err['two_level'][1]:.2e}  bf16 {err16:.2e}",
+              flush=True)
+        del q, k, v, q8, k8, v8, out8, out16, deq
+
+    print("| shape | FP8 TFLOP/s | FP8 single-level | fmha bf16 | cuDNN bf16 | FP8 / bf16 | FP8 / cuDNN "
+          "| rel. L2 kernel (two-level / single) | rel. L2 total | bf16 rel. L2 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    for name, tf, err, err16 in rows:
+        print(f"| {name} | {tf['two_level']:.1f} | {tf['single']:.1f} | {tf['bf16']:.1f} | {tf['cudnn']:.1f} "
+              f"| {tf['two_level'] / tf['bf16']:.2f} | {tf['two_level'] / tf['cudnn']:.2f} "
+              f"| {err['two_level'][0]:.2e} / {err['single'][0]:.2e} | {err['two_level'][1]:.2e} | {err16:.2e} |")
+
+
+if __name__ == "__main__":
+    main()

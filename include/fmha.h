@@ -78,8 +78,8 @@ typedef enum fmha_dtype {
     FMHA_DTYPE_F32 = 0,
     FMHA_DTYPE_F16,
     FMHA_DTYPE_BF16,
-    FMHA_DTYPE_F8_E4M3 /* FP8 E4M3 q/k/v with descales (CPU; see fmha_forward_args), written by
-                          fmha_quantize_fp8; never an output dtype */
+    FMHA_DTYPE_F8_E4M3 /* FP8 E4M3 q/k/v with descales (CPU, and Hopper GPUs; see
+                          fmha_forward_args), written by fmha_quantize_fp8; never an output dtype */
 } fmha_dtype;
 
 const char *fmha_dtype_name(fmha_dtype dtype); /* "f32", "f16", "bf16", "f8_e4m3" */
@@ -134,8 +134,11 @@ fmha_cpu_isa fmha_cpu_isa_detect(void);
 
 /* FP8 compute for f32/f16/bf16 inputs (fmha_config.fp8_compute), SGLang's
  * SGLANG_DIFFUSION_AITER_FP8_ATTN=1: on each call the layer quantizes q, k
- * and v to FP8 E4M3 into scratch it owns (fmha_quantize_fp8), runs FP8
- * attention with their descales and writes `out` in out's dtype. The layer
+ * and v to FP8 E4M3 into scratch it owns (fmha_quantize_fp8, or on a CUDA
+ * layer fmha_quantize_fp8_cuda on args.stream into device memory), runs FP8
+ * attention with their descales and writes `out` in out's dtype. On CUDA the
+ * FP8 kernel needs a Hopper GPU and takes per-tensor scales; per-block ones
+ * fall back. The layer
  * decides at init whether an FP8 kernel takes its configuration; if none
  * does, it runs cfg.dtype instead and says why (fmha_layer_get_path). The
  * environment variable FMHA_FP8_ATTN=0 sends every such layer to that
@@ -220,13 +223,19 @@ typedef enum fmha_descale_layout {
  *
  * FP8 inputs: q, k and v all f8_e4m3 (cfg.dtype), out f32, f16 or bf16. The
  * descales are f32 arrays laid out as descale_layout says, in the same memory
- * as q (host memory for the CPU); NULL stands for descales of 1. On the CPU
- * every descale must be finite and > 0 (checked). Inputs of other dtypes take
- * no descales: the pointers must be NULL.
+ * as q (host memory for the CPU, device memory for CUDA); NULL stands for
+ * descales of 1. On the CPU every descale must be finite and > 0 (checked).
+ * Inputs of other dtypes take no descales: the pointers must be NULL.
+ * On CUDA, FP8 runs on Hopper (compute capability 9.0) only, with per-tensor
+ * or per-KV-head descales; q and k rows must start 16-byte aligned (strides
+ * multiples of 16 elements). P (the softmax) is multiplied in e4m3 there, and
+ * each call transposes v into pooled device scratch first (FMHA_FP8_ACCUM=
+ * single turns off the f32 accumulation of each key tile's P V, the default).
  *
- * On a CUDA layer every pointer (tensors, lse, cu_seqlens) is device memory
- * (host memory is refused), q/k/v are f16 or bf16, head dims are at most 256,
- * and the call returns once the kernel is queued on `stream`. A packed batch
+ * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
+ * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),
+ * head dims are at most 256, and the call returns once the kernel is queued on
+ * `stream`. A packed batch
  * copies cu_seqlens to the host first, so that they can be validated: one
  * small synchronous copy per call. */
 typedef struct fmha_forward_args {

@@ -170,7 +170,7 @@ struct fmha_layer {
     fmha_layer_path path;
     char reason[768];      /* why this path (fmha_layer_get_path) */
     fmha_config cfg8;      /* FP8 path: cfg with f8_e4m3 inputs */
-    void *fp8_buf;         /* FP8 path: q, k, v codes, then their scales; grown on demand */
+    void *fp8_buf;         /* FP8 path: q, k, v codes and scales, on the kernel's device; grown on demand */
     size_t fp8_size;
 };
 
@@ -211,7 +211,12 @@ void fmha_layer_free(fmha_layer *layer)
     if (!layer)
         return;
     fmha_cpu_workspace_free(&layer->ws);
-    free(layer->fp8_buf);
+#ifdef FMHA_HAVE_CUDA
+    if (layer->kernel.device == FMHA_DEVICE_CUDA)
+        fmha_cuda_free(layer->fp8_buf);
+    else
+#endif
+        free(layer->fp8_buf);
     free(layer);
 }
 
@@ -253,64 +258,103 @@ static int64_t view_elements(const fmha_tensor *t)
     return n;
 }
 
-/* The FP8 path of a layer: q, k, v quantized into the layer's scratch, then
- * FP8 attention on the CPU with their descales. */
-static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args)
+/* The layer's FP8 scratch, at least `bytes`: host memory for a CPU layer,
+ * device memory for a CUDA one. */
+static fmha_status fp8_scratch(fmha_layer *l, size_t bytes)
 {
-    fmha_problem pb;
-    fmha_status st = fmha_validate_forward(&l->cfg, args, &pb);
-    if (st != FMHA_STATUS_OK)
-        return st;
+    if (l->fp8_size >= bytes)
+        return FMHA_STATUS_OK;
+    void *p = NULL;
+#ifdef FMHA_HAVE_CUDA
+    if (l->kernel.device == FMHA_DEVICE_CUDA) {
+        fmha_status st = fmha_cuda_alloc(&p, bytes);
+        if (st != FMHA_STATUS_OK)
+            return st;
+        fmha_cuda_free(l->fp8_buf);
+        l->fp8_buf = p;
+        l->fp8_size = bytes;
+        return FMHA_STATUS_OK;
+    }
+#endif
+    if (!(p = malloc(bytes)))
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "out of memory reserving %zu bytes of FP8 scratch", bytes);
+    free(l->fp8_buf);
+    l->fp8_buf = p;
+    l->fp8_size = bytes;
+    return FMHA_STATUS_OK;
+}
+
+/* The FP8 path of a layer: q, k, v quantized into the layer's scratch (on the
+ * layer's device, on args->stream for CUDA), then FP8 attention with their
+ * descales. `host` is args with cu_seqlens readable here (validation). Codes
+ * rows are padded to 16 bytes, as the GPU's tensor copies want them. */
+static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
+                               const fmha_forward_args *host)
+{
     const fmha_tensor *src[3] = {&args->q, &args->k, &args->v};
     const char *names[3] = {"q", "k", "v"};
     const int per_block = l->cfg.fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK;
-    /* Scratch in floats: each tensor's codes (rounded up to whole floats, so
-     * that the scales after them stay aligned), then its scales. */
-    int64_t words[3], scales[3], total = 0;
+    const int cuda = l->kernel.device == FMHA_DEVICE_CUDA;
+    /* Scratch: each tensor's codes, then its scales, each part 256-byte aligned. */
+    int64_t off[3][2], total = 0, dpad[3];
     for (int i = 0; i < 3; i++) {
         const int64_t r = FMHA_FP8_BLOCK_ROWS, nblk = per_block ? (src[i]->seqlen + r - 1) / r : 1;
-        const int64_t codes = view_elements(src[i]);
-        words[i] = codes / 4 + (codes % 4 != 0);
-        scales[i] = per_block ? src[i]->batch * src[i]->heads * nblk : 1; /* <= codes */
-        if (codes < 0 || __builtin_add_overflow(total, words[i] + scales[i], &total) ||
-            total > (int64_t)(SIZE_MAX / 8))
+        fmha_tensor padded = *src[i];
+        dpad[i] = (src[i]->head_dim + 15) & ~(int64_t)15;
+        padded.head_dim = dpad[i];
+        const int64_t codes = view_elements(&padded);
+        const int64_t scales = per_block ? src[i]->batch * src[i]->heads * nblk : 1; /* <= codes */
+        if (codes < 0 || total > INT64_MAX / 4 - 2 * codes - 1024)
             return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
                                   "%s has too many elements to quantize into a copy", names[i]);
+        off[i][0] = total;
+        total += (codes + 255) & ~(int64_t)255;
+        off[i][1] = total;
+        total += (scales * 4 + 255) & ~(int64_t)255;
     }
-    const size_t bytes = (size_t)total * 4;
-    if (l->fp8_size < bytes) {
-        void *p = malloc(bytes);
-        if (!p)
-            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
-                                  "out of memory reserving %zu bytes of FP8 scratch", bytes);
-        free(l->fp8_buf);
-        l->fp8_buf = p;
-        l->fp8_size = bytes;
-    }
+    if ((uint64_t)total > SIZE_MAX / 2)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "FP8 scratch of %lld bytes is too large",
+                              (long long)total);
+    fmha_status st = fp8_scratch(l, (size_t)total);
+    if (st != FMHA_STATUS_OK)
+        return st;
 
     fmha_forward_args a8 = *args;
     fmha_tensor *dst[3] = {&a8.q, &a8.k, &a8.v};
     const float **ds[3] = {&a8.descale_q, &a8.descale_k, &a8.descale_v};
-    float *at = l->fp8_buf;
     for (int i = 0; i < 3; i++) {
         const fmha_tensor *x = src[i];
-        *dst[i] = fmha_tensor_bshd(at, FMHA_DTYPE_F8_E4M3, x->batch, x->seqlen, x->heads,
+        char *codes = (char *)l->fp8_buf + off[i][0];
+        float *scales = (float *)((char *)l->fp8_buf + off[i][1]);
+        *dst[i] = fmha_tensor_bshd(codes, FMHA_DTYPE_F8_E4M3, x->batch, x->seqlen, x->heads,
                                    x->head_dim);
-        at += words[i];
-        *ds[i] = at;
-        st = fmha_quantize_fp8(x, dst[i], at, per_block ? FMHA_FP8_PER_BLOCK : FMHA_FP8_PER_TENSOR,
-                               FMHA_FP8_BLOCK_ROWS);
+        dst[i]->stride_head = dpad[i];
+        dst[i]->stride_seq = x->heads * dpad[i];
+        dst[i]->stride_batch = x->seqlen * x->heads * dpad[i];
+        *ds[i] = scales;
+        const fmha_fp8_scaling sc = per_block ? FMHA_FP8_PER_BLOCK : FMHA_FP8_PER_TENSOR;
+        st = cuda ? fmha_quantize_fp8_cuda(x, dst[i], scales, sc, FMHA_FP8_BLOCK_ROWS, args->stream)
+                  : fmha_quantize_fp8(x, dst[i], scales, sc, FMHA_FP8_BLOCK_ROWS);
         if (st != FMHA_STATUS_OK) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fmha_last_error());
             return fmha_set_error(st, "quantizing %s to FP8 (fp8_compute): %s", names[i], msg);
         }
-        at += scales[i];
     }
     a8.descale_layout = per_block ? FMHA_DESCALE_PER_BLOCK : FMHA_DESCALE_PER_TENSOR;
     a8.descale_block_rows = FMHA_FP8_BLOCK_ROWS;
-    if ((st = fmha_validate_forward(&l->cfg8, &a8, &pb)) != FMHA_STATUS_OK)
+    fmha_forward_args a8h = a8; /* validation reads host cu_seqlens */
+    a8h.cu_seqlens_q = host->cu_seqlens_q;
+    a8h.cu_seqlens_k = host->cu_seqlens_k;
+    fmha_problem pb;
+    if ((st = fmha_validate_forward(&l->cfg8, &a8h, &pb)) != FMHA_STATUS_OK)
         return st;
+    pb.args = &a8;
+#ifdef FMHA_HAVE_CUDA
+    if (cuda)
+        return fmha_cuda_forward(&pb, &l->kernel);
+#endif
     return fmha_cpu_forward(&pb, &l->kernel, &l->ws);
 }
 
@@ -319,42 +363,42 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
     fmha_clear_error();
     if (!layer)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
-    fmha_problem pb;
+    if (!args)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "forward args are NULL");
+    fmha_forward_args host = *args;
+    int32_t *cq = NULL, *ck = NULL;
 #ifdef FMHA_HAVE_CUDA
-    if (layer->kernel.device == FMHA_DEVICE_CUDA && args && args->cu_seqlens_q) {
+    if (layer->kernel.device == FMHA_DEVICE_CUDA && args->cu_seqlens_q) {
         /* Packed batches on the GPU: cu_seqlens are device memory, so
          * validation reads host copies; the kernel still gets the originals. */
-        int32_t *cq, *ck;
         fmha_status st = fmha_cuda_fetch_cu_seqlens(args, &cq, &ck);
         if (st != FMHA_STATUS_OK)
             return st;
-        fmha_forward_args host = *args;
         if (cq) {
             host.cu_seqlens_q = cq;
             host.cu_seqlens_k = ck;
         }
-        st = fmha_validate_forward(&layer->cfg, &host, &pb);
-        free(cq);
-        free(ck);
-        if (st != FMHA_STATUS_OK)
-            return st;
+    }
+#endif
+    fmha_problem pb;
+    fmha_status st = fmha_validate_forward(&layer->cfg, &host, &pb);
+    if (st == FMHA_STATUS_OK) {
         pb.args = args;
-        return fmha_cuda_forward(&pb, &layer->kernel);
-    }
-#endif
-    if (layer->path == FMHA_LAYER_PATH_FP8)
-        return forward_fp8(layer, args);
-    fmha_status st = fmha_validate_forward(&layer->cfg, args, &pb);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    switch (layer->kernel.device) {
-    case FMHA_DEVICE_CPU: return fmha_cpu_forward(&pb, &layer->kernel, &layer->ws);
+        if (layer->path == FMHA_LAYER_PATH_FP8)
+            st = forward_fp8(layer, args, &host);
+        else if (layer->kernel.device == FMHA_DEVICE_CPU)
+            st = fmha_cpu_forward(&pb, &layer->kernel, &layer->ws);
 #ifdef FMHA_HAVE_CUDA
-    case FMHA_DEVICE_CUDA: return fmha_cuda_forward(&pb, &layer->kernel);
+        else if (layer->kernel.device == FMHA_DEVICE_CUDA)
+            st = fmha_cuda_forward(&pb, &layer->kernel);
 #endif
-    default: break;
+        else
+            st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s has no runner",
+                                layer->kernel.name);
     }
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s has no runner", layer->kernel.name);
+    free(cq);
+    free(ck);
+    return st;
 }
 
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)

@@ -234,11 +234,11 @@ fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *inf
         snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
     } else {
         st = fmha_kernel_select(&c8, info);
-        if (st == FMHA_STATUS_OK && info->device != FMHA_DEVICE_CPU) {
-            /* The layer quantizes into host scratch: a device FP8 kernel needs a
-             * device quantizer first. */
+        if (st == FMHA_STATUS_OK && info->device == FMHA_DEVICE_CUDA &&
+            cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK) {
             st = FMHA_STATUS_UNSUPPORTED;
-            snprintf(why, sizeof why, "fp8_compute quantizes on the CPU only so far");
+            snprintf(why, sizeof why, "the CUDA FP8 kernel takes per-tensor or per-KV-head "
+                                      "descales, not per-block ones");
         } else if (st == FMHA_STATUS_OK) {
             char per[48] = "tensor";
             if (cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK)

@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,6 +138,81 @@ static void test_fp8_refusals(void)
     }
 }
 
+static double rel_l2(const tu_tensor *x, const tu_tensor *ref)
+{
+    double num = 0, den = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    const double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
+                    num += (a - r) * (a - r);
+                    den += r * r;
+                }
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+}
+
+/* A layer with fp8_compute on CUDA quantizes on the GPU and runs the FP8
+ * kernel: the same codes as the CPU's quantizer, so its output stays near
+ * the CPU layer's (P in e4m3 is the difference) and near the exact answer
+ * (the quantization's error besides). Padded and packed batches. */
+static void test_fp8_compute_layer(int varlen)
+{
+    const int64_t B = 2, S = 300, H = 4, KV = 2, D = 72; /* rows of 72 bytes: padded to 80 */
+    fmha_config cfg;
+    fmha_config_init(&cfg, H, KV, D);
+    cfg.dtype = FMHA_DTYPE_BF16;
+    cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    cfg.device = FMHA_DEVICE_CUDA;
+    fmha_layer *layer;
+    TU_CHECK(fmha_layer_init(&layer, &cfg) == FMHA_STATUS_OK, "fp8 layer: %s", fmha_last_error());
+    const char *why = "";
+    const fmha_layer_path path = fmha_layer_get_path(layer, &why);
+    TU_CHECK(path == FMHA_LAYER_PATH_FP8, "CUDA fp8_compute path: %s (%s)", fmha_layer_path_name(path),
+             why);
+    fmha_layer_free(layer);
+    tu_rng rng = {77 + varlen};
+    const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
+    int32_t cu[3] = {0, S - 37, 2 * S};
+    tu_tensor q, k, v, o_gpu, o_cpu, o_ref;
+    tu_tensor_init(&q, cfg.dtype, tb, ts, H, D, 0, 0);
+    tu_tensor_init(&k, cfg.dtype, tb, ts, KV, D, 0, 0);
+    tu_tensor_init(&v, cfg.dtype, tb, ts, KV, D, 0, 0);
+    tu_fill_normal(&q, &rng, 1.0);
+    tu_fill_normal(&k, &rng, 1.0);
+    tu_fill_normal(&v, &rng, 1.0);
+    tu_tensor_init(&o_gpu, FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
+    tu_tensor_init(&o_cpu, FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
+    tu_tensor_init(&o_ref, FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
+    fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o_gpu.t};
+    if (varlen) {
+        a.cu_seqlens_q = a.cu_seqlens_k = cu;
+        a.varlen_batch = B;
+    }
+    fmha_status st = run_cuda(&cfg, &a);
+    TU_CHECK(st == FMHA_STATUS_OK, "CUDA fp8_compute: %s", fmha_last_error());
+    fmha_config c_cpu = cfg;
+    c_cpu.device = FMHA_DEVICE_CPU;
+    a.out = o_cpu.t;
+    TU_CHECK(fmha_forward(&c_cpu, &a) == FMHA_STATUS_OK, "CPU fp8_compute: %s", fmha_last_error());
+    fmha_config c_ref = c_cpu;
+    c_ref.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    a.out = o_ref.t;
+    TU_CHECK(fmha_reference_forward(&c_ref, &a) == FMHA_STATUS_OK, "reference: %s", fmha_last_error());
+    const double e_cpu = rel_l2(&o_gpu, &o_cpu), e_ref = rel_l2(&o_gpu, &o_ref);
+    printf("fp8_compute on CUDA%s: rel. L2 %.2e against the CPU's FP8 path, %.2e against the "
+           "exact answer\n", varlen ? " (packed)" : "", e_cpu, e_ref);
+    TU_CHECK(e_cpu < 3e-2 && e_ref < 0.1, "fp8_compute on CUDA: rel. L2 %.3g vs CPU FP8, %.3g vs exact",
+             e_cpu, e_ref);
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
+    tu_tensor_free(&o_gpu);
+    tu_tensor_free(&o_cpu);
+    tu_tensor_free(&o_ref);
+}
+
 int main(int argc, char **argv)
 {
     if (!tu_cuda_begin())
@@ -197,8 +273,11 @@ int main(int argc, char **argv)
         tcase_run(&c, &rng, run_cuda);
     }
     unsetenv("FMHA_FP8_ACCUM");
-    if (fp8)
+    if (fp8) {
         test_fp8_refusals();
+        test_fp8_compute_layer(0);
+        test_fp8_compute_layer(1);
+    }
     test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);
     test_host_pointer_refused();

@@ -41,6 +41,11 @@ int fmha_fp8_two_level(void);
  * that every pointer is device memory before anything runs. */
 fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel);
 
+/* Device memory for a layer's scratch (cudaMalloc), and its release
+ * (NULL is fine). */
+fmha_status fmha_cuda_alloc(void **ptr, size_t bytes);
+void fmha_cuda_free(void *ptr);
+
 /* fmha_quantize_fp8_cuda after validation (fp8.c): checks the device and that
  * x, y and scales are device memory, then queues one kernel on `stream`
  * (cuda_fp8.cu). */

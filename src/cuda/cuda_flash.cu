@@ -393,6 +393,27 @@ extern "C" fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
     return FMHA_STATUS_OK;
 }
 
+extern "C" fmha_status fmha_cuda_alloc(void **ptr, size_t bytes)
+{
+    *ptr = nullptr;
+    cudaError_t err = cudaMalloc(ptr, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = nullptr;
+        return fmha_set_error(err == cudaErrorMemoryAllocation ? FMHA_STATUS_OUT_OF_MEMORY
+                                                               : FMHA_STATUS_BACKEND_ERROR,
+                              "reserving %zu bytes of device scratch: %s", bytes,
+                              cudaGetErrorString(err));
+    }
+    return FMHA_STATUS_OK;
+}
+
+extern "C" void fmha_cuda_free(void *ptr)
+{
+    if (ptr)
+        cudaFree(ptr);
+}
+
 extern "C" fmha_status fmha_cuda_check_device(void)
 {
     if (fmha_cuda_device_count() == 0)

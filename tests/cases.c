@@ -253,7 +253,11 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
             int lbad = 0, lnbad = 0;
             double le = lse_err(lse, lse_ref, c->varlen ? c->heads * tq : nl, &lbad);
             double len = lse_err(lse_naive, lse_ref, c->varlen ? c->heads * tq : nl, &lnbad);
-            TU_CHECK(!lbad && le <= 4.0 * len + 1e-5, "%s: lse error %.3g (naive %.3g)%s", desc,
+            /* FP8 tensor cores add up Q K^T in fewer bits than f32 (~2^-13 of
+             * the largest term, bench/NOTES.md): the scores, and so the LSE,
+             * carry ~1e-4 that no f32 model reproduces. */
+            const double lse_floor = f8 && c->device == FMHA_DEVICE_CUDA ? 1e-3 : 1e-5;
+            TU_CHECK(!lbad && le <= 4.0 * len + lse_floor, "%s: lse error %.3g (naive %.3g)%s", desc,
                      le, len, lbad ? " bad -inf/non-finite" : "");
         }
         if (f8 && !empty) {

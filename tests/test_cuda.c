@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -229,6 +230,26 @@ int main(int argc, char **argv)
     const int fp8 = fmha_kernel_select(&probe8, &info8) == FMHA_STATUS_OK;
     printf("f8_e4m3: %s\n", fp8 ? info8.name : fmha_last_error());
     tcase_space space = {FMHA_DEVICE_CUDA, NULL, 0, fp8};
+    /* FMHA_TEST_CASE="b sq sk h kv d dv dt odt lq lkv lo causal wl wr drop seed" runs that
+     * one case alone (a failure's line has the numbers), e.g. under a sanitizer. */
+    const char *one = getenv("FMHA_TEST_CASE");
+    if (one && *one) {
+        tcase c = {.device = FMHA_DEVICE_CUDA, .dl = FMHA_DESCALE_PER_TENSOR};
+        long long v[17];
+        if (sscanf(one, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
+                        "%lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
+                   &v[9], &v[10], &v[11], &v[12], &v[13], &v[14], &v[15], &v[16]) != 17) {
+            fprintf(stderr, "FMHA_TEST_CASE needs 17 numbers\n");
+            return 2;
+        }
+        c.batch = v[0], c.sq = v[1], c.sk = v[2], c.heads = v[3], c.kv = v[4], c.d = v[5];
+        c.dv = v[6], c.dt = (fmha_dtype)v[7], c.odt = (fmha_dtype)v[8], c.lq = (int)v[9];
+        c.lkv = (int)v[10], c.lo = (int)v[11], c.causal = (int)v[12], c.wl = v[13], c.wr = v[14];
+        c.dropout = (double)v[15] / 100.0;
+        tu_rng r1 = {(uint64_t)v[16]};
+        tcase_run(&c, &r1, run_cuda);
+        return tu_summary();
+    }
     /* Every kernel this device has: the chooser's pick (the Hopper kernel on
      * an H100/H200), then the portable one forced. */
     const char *kernels[2] = {"auto", "portable"};

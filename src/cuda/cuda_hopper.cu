@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
 #pragma unroll
     for (int i = 0; i < D / 2; i++)
         o[i] = 0.0f;
-    float t_acc[TWO_LEVEL ? D / 2 : 1]; /* two-level: one tile's P V */
+    float t_acc[D / 2]; /* two-level: one tile's P V (unused, and dropped, otherwise) */
     float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
     float alpha[2] = {0.0f, 0.0f}, alpha_p[2] = {0.0f, 0.0f};
     uint32_t pa[C::PA][4];

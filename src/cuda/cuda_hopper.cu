@@ -64,7 +64,8 @@ template <int D, int IN> struct htile {
     static constexpr int THREADS = 384; /* producer warpgroup + 2 consumers */
     static constexpr uint32_t Q_BYTES = NCH * BM * 128;
     static constexpr uint32_t K_BYTES = NCH * BN * 128; /* one stage of K */
-    static constexpr uint32_t V_BYTES = D * BN * EB;    /* one stage of V (FP8: V^T, D rows of BN keys) */
+    /* One stage of V: 16-bit, like K (whole 64-column chunks); FP8, V^T's D rows of BN keys. */
+    static constexpr uint32_t V_BYTES = FP8 ? D * BN : K_BYTES;
     static constexpr uint32_t O_BYTES = FP8 ? BM * D * 2 : 0; /* 16-bit O staging, FP8 only */
     static constexpr uint32_t O_OFFSET = Q_BYTES + STAGES * (K_BYTES + V_BYTES);
     static constexpr uint32_t BAR_OFFSET = O_OFFSET + O_BYTES;

@@ -10,7 +10,7 @@ of each head against a float64 reference: "kernel" on the dequantized FP8
 inputs (what the FP8 kernel adds: e4m3 P, accumulation), "total" on the
 original bf16 inputs (quantization included).
 
-usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick]
+usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick] [--no-peers]
 """
 import argparse
 import ctypes as C
@@ -84,6 +84,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfmha.so")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-peers", action="store_true", help="time the FP8 kernel alone (tuning runs)")
     opt = ap.parse_args()
 
     lib = C.CDLL(opt.lib)
@@ -131,6 +132,16 @@ def main():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hkv != h)
 
+        if opt.no_peers:
+            fl = flops(b, sq, sk, h, d, causal)
+            line = f"{name:18s}"
+            for mode in ("two_level", "single"):
+                os.environ["FMHA_FP8_ACCUM"] = mode
+                ms = do_bench(run(cfg8, a8), warmup=25, rep=200, return_mode="median")
+                line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f}"
+            del os.environ["FMHA_FP8_ACCUM"]
+            print(line, flush=True)
+            continue
         scale = 1.0 / math.sqrt(d)
         deq = [x8.float() * s for x8, s in (q8, k8, v8)]
         ref_deq = reference(deq, causal, sq, scale)
@@ -168,6 +179,8 @@ def main():
               flush=True)
         del q, k, v, q8, k8, v8, out8, out16, deq
 
+    if opt.no_peers:
+        return
     print("| shape | FP8 TFLOP/s | FP8 single-level | fmha bf16 | cuDNN bf16 | FP8 / bf16 | FP8 / cuDNN "
           "| rel. L2 kernel (two-level / single) | single vs two-level | rel. L2 total | bf16 rel. L2 |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")

@@ -48,7 +48,7 @@ for step in "$@"; do
           && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \
           && build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16; } > "$OUT/cli.log" 2>&1
         summary+=("cli rc=$?"); tail -8 "$OUT/cli.log" ;;
-    variants) # tuning builds, sm_90 only, fmha timed alone on the quick shapes
+    variants) # tuning builds, sm_90 only, fmha timed alone on the quick shapes (VARIANT_BENCH: which bench)
         i=0
         for flags in "${VARIANTS[@]}"; do
             i=$((i + 1))
@@ -60,7 +60,7 @@ for step in "$@"; do
         for flags in "${VARIANTS[@]}"; do
             i=$((i + 1))
             echo "== variant $i: $flags $(grep -c 'spill' "$OUT/v$i.build.log") spill lines"
-            python3 bench/bench_cuda.py --lib build-v$i/libfmha.so --quick --no-peers 2>&1 | grep -v "^|" | grep -v "^#"
+            python3 ${VARIANT_BENCH:-bench/bench_cuda.py} --lib build-v$i/libfmha.so --quick --no-peers 2>&1 | grep -v "^|" | grep -v "^#"
         done ;;
     quant) # the FP8 quantizer: bit for bit against the CPU's, memcheck on a few cases, the bench
         timeout 300 build-gpu/test_cuda_fp8 > "$OUT/test_cuda_fp8.log" 2>&1

@@ -47,6 +47,9 @@ enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
 #ifndef FMHA_HOPPER_STAGES_SMALL /* K/V ring depth for D <= 128 */
 #define FMHA_HOPPER_STAGES_SMALL 2
 #endif
+#ifndef FMHA_HOPPER_FP8_POLY /* FP8: every Nth group of 8 columns takes exp2 by polynomial; 0 = none */
+#define FMHA_HOPPER_FP8_POLY 0
+#endif
 /* FP8 (measured reasons to come with its tuning runs):
  *   BN 128: V^T rows are BN keys of one byte, and the 128-byte swizzle that
  *      wgmma reads wants rows of 128 bytes.
@@ -151,6 +154,23 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 {
     return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 |
            (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | (uint64_t)1 << 62;
+}
+
+/* 2^x on the FMA pipe, for x <= 127 (x < -125, -inf included, gives ~2^-125): x = j + f with j an
+ * integer, |f| <= 1/2, 2^f by a cubic (relative error 8e-5, far below
+ * e4m3's steps), and j added to the exponent bits. The multi-function unit
+ * that exp2_approx uses does 16 per cycle per SM; at FP8's GEMM rate it is
+ * the softmax's bottleneck, and this takes part of its load. */
+__device__ __forceinline__ float exp2_poly(float x)
+{
+    x = fmaxf(x, -125.0f); /* 2^-125 is 0 to e4m3, and j + 127 stays a normal exponent */
+    const float t = x + 12582912.0f; /* 1.5 * 2^23: rounds x to an integer in t's low bits */
+    const float f = x - (t - 12582912.0f);
+    float p = fmaf(f, 0.05508868f, 0.24260405f); /* least squares on the relative error */
+    p = fmaf(p, f, 0.69327624f);
+    p = fmaf(p, f, 0.99992894f);
+    /* t's bits are 0x4B400000 + j; shifted left by 23 the constant part wraps to 0 */
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
 /* Four floats as e4m3 bytes, the first in the lowest byte (round to
@@ -266,7 +286,9 @@ template <int D, int IN> struct consumer {
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float &x = sc[4 * j + 2 * rh + e];
-                    x = exp2_approx(fmaf(x, scale_log2, nb));
+                    constexpr int POLY = TL::FP8 ? FMHA_HOPPER_FP8_POLY : 0;
+                    x = POLY && j % (POLY > 0 ? POLY : 1) == 0 ? exp2_poly(fmaf(x, scale_log2, nb))
+                                                               : exp2_approx(fmaf(x, scale_log2, nb));
                     sum += x;
                 }
             l_row[rh] = l_row[rh] * alpha[rh] + sum; /* the quad adds up at the end */

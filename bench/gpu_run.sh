@@ -46,8 +46,10 @@ for step in "$@"; do
     cli)
         { build-gpu/fmha info && build-gpu/fmha run --model flux-1024 --device cuda \
           && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \
-          && build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16; } > "$OUT/cli.log" 2>&1
-        summary+=("cli rc=$?"); tail -8 "$OUT/cli.log" ;;
+          && build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16 \
+          && build-gpu/fmha run --model flux-1024 --device cuda --dtype fp8 \
+          && build-gpu/fmha bench --model flux-1024 --device cuda --dtype fp8; } > "$OUT/cli.log" 2>&1
+        summary+=("cli rc=$?"); tail -14 "$OUT/cli.log" ;;
     variants) # tuning builds, sm_90 only, fmha timed alone on the quick shapes (VARIANT_BENCH: which bench)
         i=0
         for flags in "${VARIANTS[@]}"; do

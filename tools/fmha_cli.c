@@ -38,7 +38,7 @@ static const char usage_text[] =
     "      on random data and checks sampled rows against the float64 reference; -o then\n"
     "      also saves q, k, v, so that `fmha run OUT --check` can run it again.\n"
     "      --dtype fp8 quantizes bf16 inputs (or IN's) to FP8 E4M3, one scale per tensor, and\n"
-    "      runs FP8 attention (CPU); the check is on the dequantized inputs.\n"
+    "      runs FP8 attention (CPU, or Hopper GPUs); the check is on the dequantized inputs.\n"
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
     "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
     "      [--iters N] [--json]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"

@@ -29,12 +29,13 @@ for step in "$@"; do
         cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/cuda_hopper.cu.o > "$OUT/hopper.sass" 2>&1
         summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -c QGMMA "$OUT/hopper.sass") QGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
         grep -E "hopper.*(spill|stack)" "$OUT/build.log" | head -4 ;;
-    ncu) # one Hopper launch of the flux shape under Nsight Compute (clocks left alone)
+    ncu) # one Hopper launch of the flux shape under Nsight Compute (clocks left alone; NCU_DTYPE=fp8 for FP8)
         timeout 300 ncu --clock-control none --kernel-name regex:hopper_fwd --launch-skip 3 --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-            build-gpu/fmha bench --model flux-1024 --device cuda --dtype bf16 > "$OUT/ncu.txt" 2>&1
+            --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
+            build-gpu/fmha bench --model flux-1024 --device cuda --dtype ${NCU_DTYPE:-bf16} > "$OUT/ncu.txt" 2>&1
         summary+=("ncu rc=$?")
-        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Stall|Warp Cycles Per Issued|Tensor|Pipe" "$OUT/ncu.txt" | head -30 ;;
+        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Stall|Warp Cycles Per Issued|Tensor|Pipe|pipe_xu|Eligible" "$OUT/ncu.txt" | head -30 ;;
     debug)
         FMHA_TEST_LONG=0 timeout 300 cuda-gdb -batch -ex run -ex bt -ex quit --args build-gpu/test_cuda 3 > "$OUT/debug.log" 2>&1
         tail -40 "$OUT/debug.log" ;;

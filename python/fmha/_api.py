@@ -46,12 +46,13 @@ def _dropout_seed(seed, dropout_p):
 
 _DTYPE_CODES = {"f32": _lib.DTYPE_F32, "float32": _lib.DTYPE_F32, "float": _lib.DTYPE_F32,
                 "f16": _lib.DTYPE_F16, "float16": _lib.DTYPE_F16, "half": _lib.DTYPE_F16,
-                "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16}
+                "bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16,
+                "f8_e4m3": _lib.DTYPE_F8_E4M3, "float8_e4m3fn": _lib.DTYPE_F8_E4M3}
 
 
 def _dtype_code(dtype):
-    """fmha dtype of "bf16"/"f16"/"f32", a numpy dtype (ml_dtypes.bfloat16
-    too) or a torch dtype."""
+    """fmha dtype of "bf16"/"f16"/"f32"/"f8_e4m3", a numpy dtype
+    (ml_dtypes.bfloat16 and float8_e4m3fn too) or a torch dtype."""
     if isinstance(dtype, str):
         key = dtype.lower()
     elif type(dtype).__module__.startswith("torch"):
@@ -62,7 +63,8 @@ def _dtype_code(dtype):
         except TypeError:
             key = None
     if key not in _DTYPE_CODES:
-        raise TypeError("dtype %r is not one of float32, float16, bfloat16" % (dtype,))
+        raise TypeError("dtype %r is not one of float32, float16, bfloat16, float8_e4m3fn"
+                        % (dtype,))
     return _DTYPE_CODES[key]
 
 
@@ -145,10 +147,69 @@ def _device_code(v):
     return _lib.DEVICE_CUDA if v.device == "cuda" else _lib.DEVICE_CPU
 
 
+# ------------------------------------------------------------------ FP8 descales
+
+_DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def _check_fp8_dtypes(qv, kv, vv):
+    """FP8 q, k and v come together: one FP8 among others is refused here,
+    before any descale check could blame the wrong tensor."""
+    views = (qv, kv, vv)
+    if any(x.dtype == _lib.DTYPE_F8_E4M3 for x in views):
+        for x in views[1:]:
+            if x.dtype != qv.dtype:
+                raise ValueError("%s.dtype (%s) differs from q.dtype (%s): FP8 q, k and v go "
+                                 "together, all float8_e4m3fn (with their descales)"
+                                 % (x.name, _lib.DTYPE_NAMES[x.dtype],
+                                    _lib.DTYPE_NAMES[qv.dtype]))
+
+
+def _descales(given, qv, batch, num_kv_heads):
+    """The descales of FP8 q, k, v (None = 1) as (objects, pointers, layout)
+    for ForwardArgs; the objects must live through the call. Each is one
+    value (per tensor) or [batch, num_kv_heads] (per KV head, batch = the
+    number of sequences of a packed batch), all in one layout."""
+    if all(d is None for d in given):
+        return None
+    if qv.dtype != _lib.DTYPE_F8_E4M3:
+        name = next(n for n, d in zip(_DESCALE_NAMES, given) if d is not None)
+        raise ValueError("%s is given, but q, k, v are %s: descales belong to FP8 "
+                         "(float8_e4m3fn) inputs only; pass None"
+                         % (name, _lib.DTYPE_NAMES[qv.dtype]))
+    per_kv_head = (batch, num_kv_heads)
+    objs, ptrs, kinds = [], [], []
+    for name, d in zip(_DESCALE_NAMES, given):
+        if d is None:
+            objs.append(None)
+            ptrs.append(None)
+            continue
+        obj, shape = T.descale(d, name, qv)
+        shape = tuple(int(n) for n in shape)
+        if len(shape) <= 2 and all(n == 1 for n in shape):
+            layout = _lib.DESCALE_PER_TENSOR
+        elif shape == per_kv_head:
+            layout = _lib.DESCALE_PER_KV_HEAD
+        else:
+            raise ValueError("%s has shape %s: a descale is one value for the whole tensor "
+                             "(shape (), (1,) or (1, 1)) or one per sequence and KV head, "
+                             "[batch, num_kv_heads] = %s"
+                             % (name, list(shape), list(per_kv_head)))
+        objs.append(obj)
+        ptrs.append(T.data_ptr(obj))
+        kinds.append((name, shape, layout))
+    if len({layout for _, _, layout in kinds}) > 1:
+        raise ValueError("descales mix layouts (%s): give all of them one value each (per "
+                         "tensor) or all [batch, num_kv_heads] = %s (per KV head)"
+                         % (", ".join("%s %s" % (n, list(s)) for n, s, _ in kinds),
+                            list(per_kv_head)))
+    return objs, ptrs, kinds[0][2]
+
+
 # ------------------------------------------------------------------ the forward
 
 
-def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None):
+def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None, descales=None):
     """Fills ForwardArgs from views and runs one forward, on `layer` (an
     _lib.Layer) or one-shot through fmha_forward(cfg)."""
     a = _lib.ForwardArgs()
@@ -157,6 +218,8 @@ def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None):
     if varlen is not None:
         (a.cu_seqlens_q, a.cu_seqlens_k, a.varlen_batch, a.max_seqlen_q,
          a.max_seqlen_k) = varlen
+    if descales is not None:
+        _, (a.descale_q, a.descale_k, a.descale_v), a.descale_layout = descales
     a.seed = seed
     a.offset = 0
     with _cuda_context(q) as stream:
@@ -190,12 +253,14 @@ def _answer_empty(cfg, q, out, lse, layer_for):
         T.fill(lse, -np.inf)
 
 
-def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None):
+def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
     T.check_no_grad(q, k, v)
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
     T.same_device(qv, kv, vv)
+    _check_fp8_dtypes(qv, kv, vv)
     B, Sq, H, D = qv.shape
     Sk, Hkv, Dv = kv.shape[1], kv.shape[2], vv.shape[3]
+    descales = _descales(descales, qv, B, Hkv)
     out, ov = _out_view(out, qv, (B, Sq, H, Dv))
     T.same_device(qv, ov)
     lse = T.empty(qv, (B, H, Sq), "f32") if return_lse else None
@@ -208,15 +273,17 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None):
         _answer_empty(cfg, qv, ov, lse, layer_for)
     else:
         layer = layer_for(cfg, qv) if layer_for else None
-        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed)
+        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed, descales=descales)
+    del descales  # the descale arrays (maybe converted copies) lived through the call
     return (out, lse) if return_lse else out
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
-            return_lse, seed, layer_for=None):
+            return_lse, seed, layer_for=None, descales=(None,) * 3):
     T.check_no_grad(q, k, v)
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     T.same_device(qv, kv, vv)
+    _check_fp8_dtypes(qv, kv, vv)
     Tq, H, D = qv.shape
     Tk, Hkv, Dv = kv.shape[0], kv.shape[1], vv.shape[2]
     cuq, cuq_ptr, nq = T.cu_seqlens(cu_seqlens_q, "cu_seqlens_q", qv)
@@ -225,6 +292,7 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
         # libfmha reads batch + 1 entries of both: lengths are checked here.
         raise ValueError("cu_seqlens_q (%d entries) and cu_seqlens_k (%d entries) must both "
                          "hold batch + 1 >= 2 entries" % (nq, nk))
+    descales = _descales(descales, qv, nq - 1, Hkv)
     max_q = 0 if max_seqlen_q is None else T.index(max_seqlen_q, "max_seqlen_q")
     max_k = 0 if max_seqlen_k is None else T.index(max_seqlen_k, "max_seqlen_k")
     out, ov = _out_view(out, qv, (Tq, H, Dv))
@@ -237,13 +305,15 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
     else:
         layer = layer_for(cfg, qv) if layer_for else None
         _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed,
-             varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k))
-        del cuq, cuk  # the index arrays (maybe converted copies) lived through the call
+             varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), descales=descales)
+    # the index and descale arrays (maybe converted copies) lived through the call
+    del cuq, cuk, descales
     return (out, lse) if return_lse else out
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
-              dropout_p=0.0, seed=None, return_lse=False, out=None):
+              dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
+              k_descale=None, v_descale=None):
     """out = softmax(softmax_scale * q k^T + mask) v for a padded batch.
 
     q [B, Sq, H, D]; k [B, Sk, Hkv, D]; v [B, Sk, Hkv, Dv]; H a multiple of
@@ -258,29 +328,43 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     softcap * tanh(score / softcap). dropout_p drops probabilities with
     Philox keyed by `seed` (None: drawn, see manual_seed).
 
-    Returns out [B, Sq, H, Dv] (q's dtype, family and device; or `out`,
-    written in place, whose dtype may be any of the three), or (out, lse)
-    with lse [B, H, Sq] float32 (natural log; -inf for rows that see no key).
+    FP8 (FlashAttention-3's interface): q, k and v all float8_e4m3fn
+    (ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn), element x standing for
+    x * its descale. q_descale, k_descale, v_descale are None (= 1) or
+    float32 in q's memory (numpy arrays or floats for CPU runs, a tensor on
+    q's device for CUDA): one value for the tensor (shape (), (1,) or
+    (1, 1)), or [B, Hkv], one per sequence and KV head (query head h uses
+    its KV head's, h // (H / Hkv)); all given ones in one layout. The CPU
+    dequantizes exactly and computes in float32; CUDA needs a Hopper GPU.
+
+    Returns out [B, Sq, H, Dv] (q's dtype, family and device, bfloat16 for
+    FP8 q; or `out`, written in place, float32, float16 or bfloat16), or
+    (out, lse) with lse [B, H, Sq] float32 (natural log; -inf for rows that
+    see no key).
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
-    return _padded(q, k, v, opts, out, return_lse, seed)
+    return _padded(q, k, v, opts, out, return_lse, seed,
+                   descales=(q_descale, k_descale, v_descale))
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
-                     dropout_p=0.0, seed=None, return_lse=False, out=None):
+                     dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
+                     k_descale=None, v_descale=None):
     """attention() for a packed batch of variable-length sequences.
 
     q [total_q, H, D]; k [total_k, Hkv, D]; v [total_k, Hkv, Dv]; sequence b
     owns q tokens [cu_seqlens_q[b], cu_seqlens_q[b+1]) and k/v tokens
     [cu_seqlens_k[b], cu_seqlens_k[b+1]) (int32, batch + 1 entries, empty
     sequences allowed). max_seqlen_q/k bound the lengths (0 or None: fmha
-    computes them). Masks apply per sequence. Returns out [total_q, H, Dv] or
-    (out, lse) with lse [H, total_q] float32.
+    computes them). Masks apply per sequence. FP8 inputs and descales as in
+    attention(), per-KV-head descales [batch, Hkv] with batch the number of
+    sequences. Returns out [total_q, H, Dv] or (out, lse) with lse
+    [H, total_q] float32.
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
-                   return_lse, seed)
+                   return_lse, seed, descales=(q_descale, k_descale, v_descale))
 
 
 # ------------------------------------------------------------------ the layer
@@ -302,6 +386,8 @@ class Attention:
     writing out in q's dtype; where no FP8 kernel takes the configuration the
     layer runs q's dtype instead and warns once (RuntimeWarning) with
     libfmha's reason. `fp8_path` tells which path the latest layer took.
+    Inputs already in FP8 (float8_e4m3fn, with their descales) need no
+    `fp8`: forward() takes them as attention() does, out bfloat16.
     """
 
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
@@ -381,19 +467,25 @@ class Attention:
         dev, idx = _device(device)
         return self._layer(_dtype_code(dtype), dev, idx, self.head_size).kernel_name
 
-    def forward(self, q, k, v, *, out=None, return_lse=False, seed=None):
+    def forward(self, q, k, v, *, out=None, return_lse=False, seed=None, q_descale=None,
+                k_descale=None, v_descale=None):
         """q [B, Sq, num_heads, head_size], k/v [B, Sk, num_kv_heads, head_size]
-        -> out [B, Sq, num_heads, head_size] (or (out, lse [B, H, Sq]))."""
-        return _padded(q, k, v, self._opts, out, return_lse, seed, self._layer_for)
+        -> out [B, Sq, num_heads, head_size] (or (out, lse [B, H, Sq])).
+        FP8 q, k, v take descales as attention() does."""
+        return _padded(q, k, v, self._opts, out, return_lse, seed, self._layer_for,
+                       (q_descale, k_descale, v_descale))
 
     __call__ = forward
 
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                       out=None, return_lse=False, seed=None):
+                       out=None, return_lse=False, seed=None, q_descale=None, k_descale=None,
+                       v_descale=None):
         """Packed q [total_q, H, D], k/v [total_k, Hkv, D] with int32
-        cu_seqlens -> out [total_q, H, D] (or (out, lse [H, total_q]))."""
+        cu_seqlens -> out [total_q, H, D] (or (out, lse [H, total_q])).
+        FP8 q, k, v take descales as varlen_attention() does."""
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       self._opts, out, return_lse, seed, self._layer_for)
+                       self._opts, out, return_lse, seed, self._layer_for,
+                       (q_descale, k_descale, v_descale))
 
     def __repr__(self):
         return ("Attention(num_heads=%d, head_size=%d, num_kv_heads=%d, causal=%s, "

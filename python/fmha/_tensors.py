@@ -59,18 +59,27 @@ def _numpy_dtype_code(dt, name):
             return _lib.DTYPE_F16
         if dt.name == "bfloat16" and dt.itemsize == 2:
             return _lib.DTYPE_BF16
-    raise TypeError("%s: dtype %s is not supported: fmha takes float32, float16 or bfloat16 "
-                    "(ml_dtypes.bfloat16); convert with .astype(np.float32) (or float16 / "
-                    "ml_dtypes.bfloat16)" % (name, dt))
+        # OCP E4M3FN only: ml_dtypes' float8_e4m3 (with infinities) and the
+        # *fnuz variants encode other values in the same byte.
+        if dt.name == "float8_e4m3fn" and dt.itemsize == 1:
+            return _lib.DTYPE_F8_E4M3
+    raise TypeError("%s: dtype %s is not supported: fmha takes float32, float16, bfloat16 "
+                    "(ml_dtypes.bfloat16) or FP8 ml_dtypes.float8_e4m3fn (with descales); "
+                    "convert with .astype(np.float32) (or float16 / ml_dtypes.bfloat16)"
+                    % (name, dt))
 
 
 def _torch_dtype_code(torch, dt, name):
-    code = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
-            torch.bfloat16: _lib.DTYPE_BF16}.get(dt)
+    codes = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
+             torch.bfloat16: _lib.DTYPE_BF16}
+    f8 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
+    if f8 is not None:
+        codes[f8] = _lib.DTYPE_F8_E4M3
+    code = codes.get(dt)
     if code is None:
         raise TypeError("%s: dtype %s is not supported: fmha takes torch.float32, "
-                        "torch.float16 or torch.bfloat16; convert with .to(torch.bfloat16)"
-                        % (name, dt))
+                        "torch.float16, torch.bfloat16 or FP8 torch.float8_e4m3fn (with "
+                        "descales); convert with .to(torch.bfloat16)" % (name, dt))
     return code
 
 
@@ -185,13 +194,26 @@ def device_str(v):
 
 
 def empty(ref, shape, dtype=None):
-    """An uninitialised array of ref's family and device: ref's dtype, or
-    float32 when dtype == "f32"."""
+    """An uninitialised array of ref's family and device: ref's dtype
+    (bfloat16 for FP8 ref, as FlashAttention-3: FP8 is never an output
+    dtype), or float32 when dtype == "f32"."""
     if ref.family == "numpy":
-        return np.empty(shape, dtype=np.float32 if dtype == "f32" else ref.obj.dtype)
+        if dtype == "f32":
+            dt = np.float32
+        elif ref.dtype == _lib.DTYPE_F8_E4M3:
+            import ml_dtypes  # there: it made ref's dtype
+            dt = ml_dtypes.bfloat16
+        else:
+            dt = ref.obj.dtype
+        return np.empty(shape, dtype=dt)
     torch = _torch()
-    return torch.empty(shape, dtype=torch.float32 if dtype == "f32" else ref.obj.dtype,
-                       device=ref.obj.device)
+    if dtype == "f32":
+        dt = torch.float32
+    elif ref.dtype == _lib.DTYPE_F8_E4M3:
+        dt = torch.bfloat16
+    else:
+        dt = ref.obj.dtype
+    return torch.empty(shape, dtype=dt, device=ref.obj.device)
 
 
 def data_ptr(x):
@@ -238,6 +260,32 @@ def cu_seqlens(cu, name, ref):
         a = a.astype(np.int32)
     a = np.ascontiguousarray(a)
     return a, a.ctypes.data, int(a.shape[0])
+
+
+def descale(x, name, ref):
+    """An FP8 descale as (object, its shape): contiguous float32 where the
+    kernel reads it, in q's memory (ref: q's View). numpy arrays, floats and
+    host __dlpack__ objects are converted (they are a few floats); a torch
+    tensor must already be float32, contiguous and on q's device, since a
+    copy or a host-device transfer there would hide a cost in every call."""
+    if not is_torch(x) and not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
+        x = as_array(x, name)
+    if is_torch(x):
+        torch = _torch()
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            raise TypeError("%s must be a contiguous torch.float32 tensor, got %s%s; pass "
+                            "%s.float().contiguous()"
+                            % (name, x.dtype, "" if x.is_contiguous() else " (not contiguous)",
+                               name))
+        where = (x.device.type, x.device.index if x.is_cuda else None)
+        if where != (ref.device, ref.device_index):
+            raise ValueError("%s is on %s but q is on %s: descales must be in q's memory "
+                             "(.to(q.device))" % (name, x.device, device_str(ref)))
+        return x, tuple(x.shape)
+    if ref.device == "cuda":
+        raise ValueError("%s is in host memory but q is on %s: pass a float32 tensor on q's "
+                         "device (torch.tensor(..., device=q.device))" % (name, device_str(ref)))
+    return np.ascontiguousarray(x, dtype=np.float32), np.shape(x)  # 0-d becomes [1]
 
 
 def check_no_grad(*arrays):

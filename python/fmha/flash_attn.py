@@ -13,6 +13,11 @@ Differences from flash_attn:
 - return_attn_probs=True returns (out, softmax_lse, None): the attention
   probabilities are never materialised;
 - numpy arrays, float32 and CPU tensors work too.
+
+FP8 as in FlashAttention-3: q, k, v all float8_e4m3fn with keyword
+arguments q_descale, k_descale, v_descale (None = 1; float32, one value per
+tensor or [batch, num_kv_heads], batch = number of sequences for varlen;
+see fmha.attention); out is bfloat16.
 """
 from . import _api
 from ._tensors import as_array
@@ -31,90 +36,103 @@ def _unsupported(alibi_slopes, block_table=None):
                                   "contiguous k/v with cu_seqlens_k and block_table=None")
 
 
-def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs):
+def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs,
+            descales):
+    q_descale, k_descale, v_descale = descales
     res = _api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window_size,
-                         softcap=softcap, dropout_p=dropout_p, return_lse=return_attn_probs)
+                         softcap=softcap, dropout_p=dropout_p, return_lse=return_attn_probs,
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return (res[0], res[1], None) if return_attn_probs else res
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            softmax_scale, causal, window_size, softcap, return_attn_probs):
+            softmax_scale, causal, window_size, softcap, return_attn_probs, descales):
+    q_descale, k_descale, v_descale = descales
     res = _api.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 causal=causal, softmax_scale=softmax_scale, window=window_size,
                                 softcap=softcap, dropout_p=dropout_p,
-                                return_lse=return_attn_probs)
+                                return_lse=return_attn_probs, q_descale=q_descale,
+                                k_descale=k_descale, v_descale=v_descale)
     return (res[0], res[1], None) if return_attn_probs else res
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, q_descale=None, k_descale=None, v_descale=None):
     """q [B, Sq, H, D], k/v [B, Sk, Hkv, D] -> out [B, Sq, H, D];
-    with return_attn_probs: (out, softmax_lse [B, H, Sq] float32, None)."""
+    with return_attn_probs: (out, softmax_lse [B, H, Sq] float32, None).
+    FP8 q, k, v: descales None or [1] / [B, Hkv] float32."""
     _unsupported(alibi_slopes)
     return _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                   return_attn_probs)
+                   return_attn_probs, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None):
+                           return_attn_probs=False, block_table=None, *, q_descale=None,
+                           k_descale=None, v_descale=None):
     """q [total_q, H, D], k/v [total_k, Hkv, D], int32 cu_seqlens [batch + 1]
     -> out [total_q, H, D]; with return_attn_probs: (out, softmax_lse
-    [H, total_q] float32, None)."""
+    [H, total_q] float32, None). FP8 q, k, v: descales None or [1] /
+    [batch, Hkv] float32."""
     _unsupported(alibi_slopes, block_table)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                   softmax_scale, causal, window_size, softcap, return_attn_probs)
+                   softmax_scale, causal, window_size, softcap, return_attn_probs,
+                   (q_descale, k_descale, v_descale))
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *, q_descale=None,
+                              k_descale=None, v_descale=None):
     """qkv [B, S, 3, H, D] (q, k, v are strided views of it, not copies)."""
     _unsupported(alibi_slopes)
     qkv = as_array(qkv, "qkv")
     _check_packed(qkv, "qkv", 5, 2, 3, "[batch, seqlen, 3, heads, head_dim]")
     return _padded(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
-                   window_size, softcap, return_attn_probs)
+                   window_size, softcap, return_attn_probs, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *, q_descale=None,
+                             k_descale=None, v_descale=None):
     """q [B, Sq, H, D], kv [B, Sk, 2, Hkv, D]."""
     _unsupported(alibi_slopes)
     kv = as_array(kv, "kv")
     _check_packed(kv, "kv", 5, 2, 2, "[batch, seqlen, 2, kv_heads, head_dim]")
     return _padded(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
-                   softcap, return_attn_probs)
+                   softcap, return_attn_probs, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, q_descale=None,
+                                     k_descale=None, v_descale=None):
     """qkv [total, 3, H, D] with one cu_seqlens for q and k."""
     _unsupported(alibi_slopes)
     qkv = as_array(qkv, "qkv")
     _check_packed(qkv, "qkv", 4, 1, 3, "[total_tokens, 3, heads, head_dim]")
     return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen,
                    max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
-                   return_attn_probs)
+                   return_attn_probs, (q_descale, k_descale, v_descale))
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+                                    return_attn_probs=False, *, q_descale=None, k_descale=None,
+                                    v_descale=None):
     """q [total_q, H, D], kv [total_k, 2, Hkv, D]."""
     _unsupported(alibi_slopes)
     kv = as_array(kv, "kv")
     _check_packed(kv, "kv", 4, 1, 2, "[total_tokens, 2, kv_heads, head_dim]")
     return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                   return_attn_probs)
+                   return_attn_probs, (q_descale, k_descale, v_descale))
 
 
 def _check_packed(x, name, ndim, axis, n, layout):

@@ -31,19 +31,28 @@ def test_status_mapping(status, cls, builtin):
     _lib.raise_for_status(_lib.STATUS_OK)
 
 
-def test_unsupported_dtype_from_the_library():
+def test_fp8_kernel_choice_from_the_library():
     cfg = _lib.config_init(8, 8, 64)
     cfg.dtype = _lib.DTYPE_F8_E4M3
-    cfg.device = _lib.DEVICE_CUDA
-    with pytest.raises(NotImplementedError, match="f8_e4m3 attention runs on the CPU only"):
-        _lib.kernel_select(cfg)
     cfg.device = _lib.DEVICE_CPU  # FP8 inputs run on the CPU's f32 kernels
     assert _lib.kernel_select(cfg).name.decode().endswith("_f32")
+    # On CUDA only Hopper's FP8 kernel takes them; elsewhere the library says why.
+    cfg.device = _lib.DEVICE_CUDA
+    try:
+        assert _lib.kernel_select(cfg).name.decode() == "cuda_hopper_fp8_sm90"
+    except fmha.UnsupportedError as e:
+        assert any(m in str(e) for m in ("built without a CUDA backend", "no CUDA device",
+                                         "compute capability")), str(e)
+    cfg.device = _lib.DEVICE_CPU
+    cfg.fp8_compute = _lib.FP8_COMPUTE_PER_TENSOR  # quantizes inputs that are not FP8 yet
+    with pytest.raises(fmha.InvalidArgumentError, match="leave fp8_compute off and pass their "
+                                                        "descales"):
+        _lib.kernel_select(cfg)
 
 
 def test_python_side_argument_errors(rng):
     q = ref.make(rng, (1, 8, 2, 16), "f32")
-    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+    with pytest.raises(TypeError, match="float32, float16, bfloat16 .* or FP8"):
         fmha.attention(q.astype(np.float64), q, q)
     with pytest.raises(TypeError, match="numpy array, a torch tensor or an object"):
         fmha.attention(q.tolist(), q, q)

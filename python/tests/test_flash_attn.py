@@ -24,13 +24,20 @@ SIGNATURES = {
 }
 
 
+# FlashAttention-3's FP8 descales, after flash_attn 2.x's arguments and keyword-only, so
+# that every 2.x positional call means what it did.
+DESCALES = [("q_descale", None), ("k_descale", None), ("v_descale", None)]
+
+
 @pytest.mark.parametrize("name", sorted(SIGNATURES))
 def test_signature(name):
     params = list(inspect.signature(getattr(fa, name)).parameters.values())
     got = [p.name if p.default is inspect.Parameter.empty else (p.name, p.default)
            for p in params]
-    assert got == SIGNATURES[name]
-    assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    assert got == SIGNATURES[name] + DESCALES
+    n = len(SIGNATURES[name])
+    assert all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[:n])
+    assert all(p.kind == inspect.Parameter.KEYWORD_ONLY for p in params[n:])
     assert getattr(fmha, name) is getattr(fa, name)
 
 

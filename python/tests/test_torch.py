@@ -59,7 +59,7 @@ def test_cpu_errors():
     q = rand((1, 8, 2, 16), "f32")
     with pytest.raises(ValueError, match="contiguous.*\\.contiguous\\(\\)"):
         fmha.attention(q, q.transpose(2, 3), q)
-    with pytest.raises(TypeError, match="torch.float32, torch.float16 or torch.bfloat16"):
+    with pytest.raises(TypeError, match="torch.float32, torch.float16, torch.bfloat16 or FP8"):
         fmha.attention(q.double(), q, q)
     with pytest.raises(NotImplementedError, match="no backward pass"):
         fmha.attention(q.clone().requires_grad_(), q, q)

@@ -497,6 +497,8 @@ extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kern
             return st;
     }
 
+    if (pb->max_sq == 0) /* packed batch of empty query sequences: no row to write */
+        return FMHA_STATUS_OK;
     const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
     flash_params p;
     fill_flash_params(pb, &p);

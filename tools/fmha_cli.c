@@ -329,19 +329,25 @@ static void compare_rows(const fmha_tensor *x, int64_t s0, const fmha_tensor *re
             }
 }
 
-/* Relative L2 error allowed for an output dtype: a few units of its rounding. */
-static double tolerance(fmha_dtype out)
+/* Relative L2 error allowed for an output dtype: a few units of its rounding.
+ * The GPU's FP8 kernel multiplies P in e4m3 (3 mantissa bits, ~2.6e-2 on its
+ * own: bench/NOTES.md), so FP8 on CUDA gets twice that. */
+static double tolerance(fmha_dtype out, int p_e4m3)
 {
+    if (p_e4m3)
+        return 5e-2;
     return out == FMHA_DTYPE_F32 ? 1e-5 : out == FMHA_DTYPE_F16 ? 2e-3 : 1e-2;
 }
 
-static int report_check(const errstats *e, fmha_dtype out, const char *what)
+static int report_check(const errstats *e, fmha_dtype out, int p_e4m3, const char *what)
 {
     double rel = e->ref2 > 0 ? sqrt(e->diff2 / e->ref2) : sqrt(e->diff2);
-    int ok = e->nonfinite == 0 && rel <= tolerance(out);
+    const double tol = tolerance(out, p_e4m3);
+    int ok = e->nonfinite == 0 && rel <= tol;
     printf("check (%s): max |out - ref| = %.3g (max |ref| = %.3g), relative L2 = %.3g, "
-           "tolerance %.0e: %s\n",
-           what, e->max_abs, e->ref_max, rel, tolerance(out), ok ? "ok" : "FAILED");
+           "tolerance %.0e%s: %s\n",
+           what, e->max_abs, e->ref_max, rel, tol, p_e4m3 ? " (P in e4m3 on the GPU)" : "",
+           ok ? "ok" : "FAILED");
     if (e->nonfinite)
         printf("  %lld non-finite outputs\n", (long long)e->nonfinite);
     return ok ? 0 : 1;
@@ -580,13 +586,13 @@ static int run_file(const options *o)
             }
             for (int64_t b = 0; b < a.q.batch; b++)
                 compare_rows(&a.out, 0, &r.out, b, b, a.q.seqlen, &e8);
-            rc = report_check(&e8, a.out.dtype,
+            rc = report_check(&e8, a.out.dtype, o->device == FMHA_DEVICE_CUDA,
                               "all rows against the float64 reference on the dequantized inputs");
             printf("fp8 against the float64 reference on the file's inputs (quantization "
                    "included): relative L2 = %.3g\n",
                    e.ref2 > 0 ? sqrt(e.diff2 / e.ref2) : 0.0);
         } else {
-            rc = report_check(&e, a.out.dtype, "all rows against the float64 reference");
+            rc = report_check(&e, a.out.dtype, 0, "all rows against the float64 reference");
         }
         free(reflse);
     }
@@ -726,7 +732,7 @@ static int run_model(const options *o)
             snprintf(what, sizeof what,
                      "last %lld rows of every head against the float64 reference%s", (long long)n,
                      fp8 ? " on the dequantized inputs" : "");
-            rc = report_check(&e, dt, what);
+            rc = report_check(&e, dt, fp8 && cfg.device == FMHA_DEVICE_CUDA, what);
             if (fp8)
                 printf("fp8 against the float64 reference on the %s inputs (quantization "
                        "included): relative L2 = %.3g (see `fmha accuracy`)\n",

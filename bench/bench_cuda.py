@@ -73,6 +73,14 @@ def view(x):
     return Tensor(x.data_ptr(), BF16, b, s, h, d, sb, ss, sh, sd)
 
 
+def make_inputs(b, sq, sk, h, hkv, d):
+    """q [B, H, Sq, D], k and v [B, Hkv, Sk, D]: bf16 N(0, 1) on the GPU, seed 0."""
+    torch.manual_seed(0)
+    return (torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16),
+            torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16),
+            torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16))
+
+
 def flops(b, sq, sk, h, d, causal):
     pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq)) if causal else sq * sk
     return 4.0 * b * h * d * pairs
@@ -101,10 +109,7 @@ def main():
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if opt.quick and name not in QUICK:
             continue
-        torch.manual_seed(0)
-        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        q, k, v = make_inputs(b, sq, sk, h, hkv, d)
         out = torch.empty_like(q)
 
         cfg = Config()

@@ -25,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cuda import Args, Config, Tensor, flops  # noqa: E402  (the one ctypes mirror)
+from bench_cuda import Args, Config, Tensor, flops, make_inputs  # noqa: E402  (the one ctypes mirror)
 
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
 SHAPES = [
@@ -98,10 +98,7 @@ def main():
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if opt.quick and name not in QUICK:
             continue
-        torch.manual_seed(0)
-        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+        q, k, v = make_inputs(b, sq, sk, h, hkv, d)
         q8, k8, v8 = (quantize(x) for x in (q, k, v))
         out8 = torch.empty_like(q)
         out16 = torch.empty_like(q)

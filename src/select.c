@@ -144,27 +144,11 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
     }
     if (cfg->device == FMHA_DEVICE_CUDA) {
 #ifdef FMHA_HAVE_CUDA
-        /* f8_e4m3 runs on the Hopper kernel's FP8 variant only. */
-        if (cfg->dtype == FMHA_DTYPE_F8_E4M3) {
-            if (cfg->head_dim > 256 || cfg->head_dim_v > 256)
-                return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                      "CUDA kernels take head dims up to 256 (got %lld, %lld): use "
-                                      "device cpu",
-                                      (long long)cfg->head_dim, (long long)cfg->head_dim_v);
-            if ((st = fmha_cuda_check_device()) != FMHA_STATUS_OK)
-                return st;
-            if (!fmha_cuda_hopper_usable())
-                return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                      "f8_e4m3 attention on CUDA needs a compute capability 9.0 GPU "
-                                      "(H100/H200) and a build with the sm_90a kernel: use device "
-                                      "cpu, or f16/bf16 inputs");
-            *info = kernel_table[FMHA_KERNEL_ID_cuda_hopper_fp8_sm90];
-            return FMHA_STATUS_OK;
-        }
-        if (cfg->dtype != FMHA_DTYPE_BF16 && cfg->dtype != FMHA_DTYPE_F16)
+        const int f8 = cfg->dtype == FMHA_DTYPE_F8_E4M3;
+        if (!f8 && cfg->dtype != FMHA_DTYPE_BF16 && cfg->dtype != FMHA_DTYPE_F16)
             return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                  "CUDA kernels take f16 or bf16 q, k, v (got %s): convert the "
-                                  "inputs, or use device cpu",
+                                  "CUDA kernels take f16 or bf16 q, k, v, or f8_e4m3 on Hopper (got "
+                                  "%s): convert the inputs, or use device cpu",
                                   fmha_dtype_name(cfg->dtype));
         if (cfg->head_dim > 256 || cfg->head_dim_v > 256)
             return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
@@ -173,6 +157,16 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
                                   (long long)cfg->head_dim, (long long)cfg->head_dim_v);
         if ((st = fmha_cuda_check_device()) != FMHA_STATUS_OK)
             return st;
+        /* f8_e4m3 runs on the Hopper kernel's FP8 variant only. */
+        if (f8) {
+            if (!fmha_cuda_hopper_usable())
+                return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                                      "f8_e4m3 attention on CUDA needs a compute capability 9.0 GPU "
+                                      "(H100/H200) and a build with the sm_90a kernel: use device "
+                                      "cpu, or f16/bf16 inputs");
+            *info = kernel_table[FMHA_KERNEL_ID_cuda_hopper_fp8_sm90];
+            return FMHA_STATUS_OK;
+        }
         int id = FMHA_KERNEL_ID_cuda_flash_sm80;
         if ((st = requested_cuda_kernel(&id)) != FMHA_STATUS_OK)
             return st;

@@ -139,21 +139,6 @@ static void test_fp8_refusals(void)
     }
 }
 
-static double rel_l2(const tu_tensor *x, const tu_tensor *ref)
-{
-    double num = 0, den = 0;
-    const fmha_tensor *t = &x->t;
-    for (int64_t b = 0; b < t->batch; b++)
-        for (int64_t s = 0; s < t->seqlen; s++)
-            for (int64_t h = 0; h < t->heads; h++)
-                for (int64_t c = 0; c < t->head_dim; c++) {
-                    const double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
-                    num += (a - r) * (a - r);
-                    den += r * r;
-                }
-    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
-}
-
 /* A layer with fp8_compute on CUDA quantizes on the GPU and runs the FP8
  * kernel: the same codes as the CPU's quantizer, so its output stays near
  * the CPU layer's (P in e4m3 is the difference) and near the exact answer
@@ -201,7 +186,7 @@ static void test_fp8_compute_layer(int varlen)
     c_ref.fp8_compute = FMHA_FP8_COMPUTE_OFF;
     a.out = o_ref.t;
     TU_CHECK(fmha_reference_forward(&c_ref, &a) == FMHA_STATUS_OK, "reference: %s", fmha_last_error());
-    const double e_cpu = rel_l2(&o_gpu, &o_cpu), e_ref = rel_l2(&o_gpu, &o_ref);
+    const double e_cpu = tu_rel_l2(&o_gpu, &o_cpu), e_ref = tu_rel_l2(&o_gpu, &o_ref);
     printf("fp8_compute on CUDA%s: rel. L2 %.2e against the CPU's FP8 path, %.2e against the "
            "exact answer\n", varlen ? " (packed)" : "", e_cpu, e_ref);
     TU_CHECK(e_cpu < 3e-2 && e_ref < 0.1, "fp8_compute on CUDA: rel. L2 %.3g vs CPU FP8, %.3g vs exact",

@@ -666,22 +666,6 @@ static int out_poisoned(const conv_out *o)
     return 1;
 }
 
-/* Relative L2 distance of two outputs over the view. */
-static double rel_l2(const tu_tensor *x, const tu_tensor *ref)
-{
-    double d2 = 0, r2 = 0;
-    const fmha_tensor *t = &x->t;
-    for (int64_t b = 0; b < t->batch; b++)
-        for (int64_t s = 0; s < t->seqlen; s++)
-            for (int64_t h = 0; h < t->heads; h++)
-                for (int64_t c = 0; c < t->head_dim; c++) {
-                    double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
-                    d2 += (a - r) * (a - r);
-                    r2 += r * r;
-                }
-    return sqrt(d2 / (r2 > 0 ? r2 : 1));
-}
-
 /* The FP8 path equals quantize + FP8 attention bit for bit, across input
  * dtypes, scalings, padded and packed batches, and calls of growing and
  * shrinking size on one layer (its scratch is reused). */
@@ -746,7 +730,7 @@ static void test_compute_matches_explicit(void)
             cc.a.lse = ref.lse;
             TU_CHECK(fmha_reference_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "reference: %s",
                      fmha_last_error());
-            double e = rel_l2(&got.out, &ref.out);
+            double e = tu_rel_l2(&got.out, &ref.out);
             TU_CHECK(e < 0.06, "fp8_compute %zu size %d: relative L2 %.3g from the reference", i,
                      z, e);
             out_free(&got);

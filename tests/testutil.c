@@ -103,6 +103,21 @@ int tu_gaps_untouched(const tu_tensor *x, unsigned char poison)
     return ok;
 }
 
+double tu_rel_l2(const tu_tensor *x, const tu_tensor *ref)
+{
+    double d2 = 0, r2 = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    const double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
+                    d2 += (a - r) * (a - r);
+                    r2 += r * r;
+                }
+    return sqrt(d2 / (r2 > 0 ? r2 : 1));
+}
+
 int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
 {
     fmha_problem pb;

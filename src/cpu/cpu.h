@@ -37,8 +37,10 @@ typedef struct fmha_cpu_ops {
     int lanes;  /* f32 lanes per vector: V rows are padded to a multiple */
     int bf16dp; /* tiles hold bf16 pairs for vdpbf16ps instead of f32 */
 
-    /* dst[0..n) = src[0..n) as f32 (src of dtype f32, f16 or bf16). */
-    void (*to_f32)(float *dst, const void *src, fmha_dtype dtype, int64_t n);
+    /* dst[0..n) = src[0..n) as f32 (src of dtype f32, f16 or bf16), or for
+     * f8_e4m3 codes their exact value times descale (one rounding, as
+     * fmha_e4m3_to_f32(code) * descale). */
+    void (*to_f32)(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale);
 
     /* st[j][i] = sum_c k[j][c] * qt[c][i] for j < nj, i < nq.
      * f32:    k rows of f32 (row stride ks elements), qt [d][BR] f32.

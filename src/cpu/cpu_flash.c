@@ -37,7 +37,6 @@ typedef struct task_scratch {
     float *m, *l, *alpha; /* [BR] each */
     int64_t *lo, *hi;     /* [BR] each: the keys each query sees */
     int64_t *row_pos, *row_head; /* [BR] each: query position and head of each row */
-    const float *f8_lut;  /* [256]: the value of each FP8 E4M3 code, shared by the threads */
 } task_scratch;
 
 typedef struct layout {
@@ -76,7 +75,7 @@ static task_scratch carve(void *base, const layout *L)
                       (float *)(b + L->offs[5]), (float *)(b + L->offs[6]),
                       (float *)(b + L->offs[7]), (float *)(b + L->offs[8]),
                       (int64_t *)(b + L->offs[9]), (int64_t *)(b + L->offs[10]),
-                      (int64_t *)(b + L->offs[11]), (int64_t *)(b + L->offs[12]), NULL};
+                      (int64_t *)(b + L->offs[11]), (int64_t *)(b + L->offs[12])};
     return s;
 }
 
@@ -101,19 +100,6 @@ static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
     return FMHA_STATUS_OK;
 }
 
-/* One row of q, k or v as f32: f32/f16/bf16 through the ISA's converter;
- * FP8 codes by table, times the row's descale. */
-static void row_to_f32(const fmha_cpu_ops *ops, const task_scratch *s, float *dst, const void *src,
-                       fmha_dtype dtype, int64_t n, float descale)
-{
-    if (dtype != FMHA_DTYPE_F8_E4M3) {
-        ops->to_f32(dst, src, dtype, n);
-        return;
-    }
-    const uint8_t *code = src;
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = s->f8_lut[code[i]] * descale;
-}
 
 /* The next block's rows head for L2 while this one computes: rows of a head
  * sit a whole token apart, too far for the hardware prefetcher. K and V go
@@ -162,7 +148,7 @@ static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout
         float *tmp = s->kbuf; /* [G][dp] */
         for (int i = 0; i < n; i++) {
             const int64_t tok = q0 + s->row_pos[i0 + i], h = s->row_head[i0 + i];
-            row_to_f32(ops, s, tmp + i * L->dp, fmha_row(q, tb, tok, h), q->dtype, d,
+            ops->to_f32(tmp + i * L->dp, fmha_row(q, tb, tok, h), q->dtype, d,
                        fmha_row_descale(pb, 0, b, tok, h));
         }
         for (int64_t c = 0; c < d; c++)
@@ -257,7 +243,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         } else {
             float *kb = s->kbuf;
             for (int j = 0; j < nj; j++)
-                row_to_f32(ops, s, kb + j * L->dp, fmha_row(&a->k, tb, k0 + j0 + j, hk), a->k.dtype,
+                ops->to_f32(kb + j * L->dp, fmha_row(&a->k, tb, k0 + j0 + j, hk), a->k.dtype,
                            pb->d, fmha_row_descale(pb, 1, b, k0 + j0 + j, hk));
         }
         ops->qk(s->kbuf, L->dp, nj, nqb, qt, ops->bf16dp ? L->dp : pb->d, st);
@@ -310,7 +296,7 @@ static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layo
         } else {
             float *vb = s->vbuf;
             for (int j = 0; j < nj; j++) {
-                row_to_f32(ops, s, vb + j * L->dvp, fmha_row(&a->v, tb, k0 + j0 + j, hk),
+                ops->to_f32(vb + j * L->dvp, fmha_row(&a->v, tb, k0 + j0 + j, hk),
                            a->v.dtype, pb->dv, fmha_row_descale(pb, 2, b, k0 + j0 + j, hk));
                 for (int64_t c = pb->dv; c < L->dvp; c++)
                     vb[j * L->dvp + c] = 0.0f;
@@ -348,9 +334,6 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
     const fmha_cpu_ops *ops = ops_table[kernel->id];
     layout L;
     plan_layout(pb, ops, &L);
-    float f8_lut[256];
-    for (int c = 0; c < 256; c++)
-        f8_lut[c] = fmha_e4m3_to_f32((uint8_t)c);
 
     /* Tasks: (sequence, head group, query tile), counts prefix-summed over sequences. */
     const int64_t P = heads_per_task(pb), tq = BR / P, groups = pb->heads / P;
@@ -387,7 +370,6 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         tid = omp_get_thread_num();
 #endif
         task_scratch s = carve((char *)ws->buf + L.per_thread * (size_t)tid, &L);
-        s.f8_lut = f8_lut;
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {

@@ -45,11 +45,36 @@ static inline __m256 exp2_avx2(__m256 x)
 #define PV_NV 2
 #include "cpu_ops_f32.h"
 
-static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
+/* e4m3 codes (in 32-bit lanes) as f32 times descale, as e4m3_avx512 in
+ * cpu_ops_avx512.c: exact values, one rounding, NaN for 0x7F/0xFF. */
+static inline __m256 e4m3_avx2(__m256i x, __m256 descale)
+{
+    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7F));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    const __m256 normal = _mm256_castsi256_ps(
+        _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
+    const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag));
+    __m256 f = _mm256_blendv_ps(normal, sub, is_sub);
+    f = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
+    f = _mm256_mul_ps(f, descale);
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F)));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
+}
+
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale)
 {
     int64_t i = 0;
     const uint16_t *s16 = src;
     switch (dtype) {
+    case FMHA_DTYPE_F8_E4M3:
+        for (; i + 8 <= n; i += 8) {
+            __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)src + i));
+            _mm256_storeu_ps(dst + i, e4m3_avx2(_mm256_cvtepu8_epi32(b), _mm256_set1_ps(descale)));
+        }
+        for (; i < n; i++)
+            dst[i] = fmha_e4m3_to_f32(((const uint8_t *)src)[i]) * descale;
+        return;
     case FMHA_DTYPE_F32:
         memcpy(dst, src, (size_t)n * 4);
         return;

@@ -47,10 +47,37 @@ static inline __m512 exp2_avx512(__m512 x)
 #define PV_NV 4
 #include "cpu_ops_f32.h"
 
-static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
+/* e4m3 codes (in 32-bit lanes) as f32 times descale: E > 0 by moving the
+ * exponent and mantissa into place (bias 7 -> 127), E = 0 (subnormal) as
+ * M * 2^-9, both exact before the one rounding of the descale; 0x7F/0xFF
+ * are NaN. Arithmetic on normal floats only, so DAZ/FTZ settings do not
+ * change the values. */
+static inline __m512 e4m3_avx512(__m512i x, __m512 descale)
+{
+    const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+    const __m512 normal = _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+    const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
+    __m512 f = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
+    f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign));
+    f = _mm512_mul_ps(f, descale);
+    return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
+                              _mm512_set1_ps(__builtin_nanf("")));
+}
+
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale)
 {
     int64_t i = 0;
     switch (dtype) {
+    case FMHA_DTYPE_F8_E4M3:
+        for (; i < n; i += 16) {
+            __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            __m128i b = _mm_maskz_loadu_epi8(mk, (const uint8_t *)src + i);
+            _mm512_mask_storeu_ps(dst + i, mk,
+                                  e4m3_avx512(_mm512_cvtepu8_epi32(b), _mm512_set1_ps(descale)));
+        }
+        return;
     case FMHA_DTYPE_F32:
         memcpy(dst, src, (size_t)n * 4);
         return;

@@ -6,8 +6,13 @@
 
 enum { BR = FMHA_CPU_BR };
 
-static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n)
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale)
 {
+    if (dtype == FMHA_DTYPE_F8_E4M3) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = fmha_e4m3_to_f32(((const uint8_t *)src)[i]) * descale;
+        return;
+    }
     for (int64_t i = 0; i < n; i++)
         dst[i] = fmha_load_f32(src, dtype, i);
 }

@@ -161,6 +161,22 @@ __device__ __forceinline__ void store_out(const flash_params &p, char *orow, int
         ((__half *)orow)[c] = __float2half_rn(x);
 }
 
+/* This thread's part of an output row in both kernels' accumulator layout:
+ * x(j, e) (e = 0, 1) is column 8 j + 2 (lane % 4) + e, j < D / 8; columns
+ * from dv on are padding and skipped. */
+template <int D, class X>
+__device__ __forceinline__ void store_out_frag(const flash_params &p, char *orow, int lane, X x)
+{
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = j * 8 + (lane % 4) * 2 + e;
+            if (c < p.dv)
+                store_out(p, orow, c, x(j, e));
+        }
+}
+
 /* LSE of row r from its running max (log2 domain) and sum; -inf for a row
  * that saw no key. */
 __device__ __forceinline__ void store_lse(const flash_params &p, const block_span &s, int r,

@@ -328,16 +328,8 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
             if (r >= rows)
                 continue;
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            char *orow = block_out_row(p, bs, r);
-#pragma unroll
-            for (int i = 0; i < D / 8; i++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int c = i * 8 + (lane % 4) * 2 + e;
-                    if (c >= p.dv)
-                        continue;
-                    store_out(p, orow, c, o[mt][i][2 * rh + e] * inv);
-                }
+            store_out_frag<D>(p, block_out_row(p, bs, r), lane,
+                              [&](int j, int e) { return o[mt][j][2 * rh + e] * inv; });
             if (p.lse && lane % 4 == 0)
                 store_lse(p, bs, r, m_row[mt][rh], l);
         }

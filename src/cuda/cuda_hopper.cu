@@ -628,18 +628,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
         const int r = row0 + 8 * rh;
-        if (r >= rows)
-            continue;
-        char *orow = block_out_row(p, bs, r);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int c = j * 8 + (lane % 4) * 2 + e;
-                if (c >= p.dv)
-                    continue;
-                store_out(p, orow, c, o[4 * j + 2 * rh + e] * inv[rh]);
-            }
+        if (r < rows)
+            store_out_frag<D>(p, block_out_row(p, bs, r), lane,
+                              [&](int j, int e) { return o[4 * j + 2 * rh + e] * inv[rh]; });
     }
 }
 

@@ -112,11 +112,15 @@ fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_prob
     return FMHA_STATUS_OK;
 }
 
-/* FMHA_FP8_ACCUM: two_level (default) or single; see fmha_fp8_two_level. */
-int fmha_fp8_two_level(void)
+/* FMHA_FP8_ACCUM: unset or two_level (default), or single. */
+fmha_status fmha_fp8_two_level(int *two_level)
 {
     const char *env = getenv("FMHA_FP8_ACCUM");
-    return !(env && !strcasecmp(env, "single"));
+    *two_level = !(env && !strcasecmp(env, "single"));
+    if (env && *env && strcasecmp(env, "single") && strcasecmp(env, "two_level"))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "FMHA_FP8_ACCUM=%s is not one of two_level, single", env);
+    return FMHA_STATUS_OK;
 }
 #endif
 

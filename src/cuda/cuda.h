@@ -32,10 +32,12 @@ fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **
 fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb,
                                  const fmha_kernel_info **out);
 
-/* 1 (default) when the FP8 kernel adds each tile's P V into O in f32 (two-level
- * accumulation; head dims up to 128, no dropout); FMHA_FP8_ACCUM=single lets wgmma
- * accumulate O across tiles, for measuring what the guard buys (select.c). */
-int fmha_fp8_two_level(void);
+/* *two_level = 1 (default) when the FP8 kernel adds each tile's P V into O in
+ * f32 (two-level accumulation; head dims up to 128, no dropout), 0 under
+ * FMHA_FP8_ACCUM=single, which lets wgmma accumulate O across tiles (for
+ * measuring what the guard buys); any other value is INVALID_ARGUMENT
+ * (select.c). */
+fmha_status fmha_fp8_two_level(int *two_level);
 
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */

@@ -28,9 +28,10 @@ enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
 
 #include "wgmma.inc"
 
-/* Tiles and pipeline, per head dim D (Q/K/V rows are stored as 64-column
- * chunks of 128 bytes: TMA's 128-byte swizzle is wgmma's native layout).
- * Measured on the H200, 2026-12-02 (bench/NOTES.md has the runs):
+/* Tiles and pipeline, per head dim D (Q/K/V rows are stored as chunks of
+ * 128 bytes, 64 columns of 16-bit or 128 of FP8: TMA's 128-byte swizzle is
+ * wgmma's native layout). Measured on the H200, 2026-12-02 (bench/NOTES.md
+ * has the runs):
  *   BM 128: two consumer warpgroups x wgmma's M of 64.
  *   BN 128 for D <= 128: BN 176 and 160 ran 1-5% slower (S + P + O need
  *      196+ of the consumers' 232 registers at 176; 16 bytes spilled).
@@ -47,12 +48,11 @@ enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
 #ifndef FMHA_HOPPER_STAGES_SMALL /* K/V ring depth for D <= 128 */
 #define FMHA_HOPPER_STAGES_SMALL 2
 #endif
-#ifndef FMHA_HOPPER_FP8_POLY /* FP8: every Nth group of 8 columns takes exp2 by polynomial; 0 = none */
-#define FMHA_HOPPER_FP8_POLY 0
-#endif
-/* FP8 (measured reasons to come with its tuning runs):
+/* FP8:
  *   BN 128: V^T rows are BN keys of one byte, and the 128-byte swizzle that
  *      wgmma reads wants rows of 128 bytes.
+ *   STAGES 2: 3 stages tied (759/641/745 against 776/636/745 TFLOP/s on Wan
+ *      480p, Flux, FA3 d128).
  *   O staged in a region of its own (the 16-bit kernels reuse Q's rows, which
  *      are only half as wide in FP8). */
 template <int D, int IN> struct htile {
@@ -154,23 +154,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 {
     return (uint64_t)((addr & 0x3ffffu) >> 4) | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 |
            (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | (uint64_t)1 << 62;
-}
-
-/* 2^x on the FMA pipe, for x <= 127 (x < -125, -inf included, gives ~2^-125): x = j + f with j an
- * integer, |f| <= 1/2, 2^f by a cubic (relative error 8e-5, far below
- * e4m3's steps), and j added to the exponent bits. The multi-function unit
- * that exp2_approx uses does 16 per cycle per SM; at FP8's GEMM rate it is
- * the softmax's bottleneck, and this takes part of its load. */
-__device__ __forceinline__ float exp2_poly(float x)
-{
-    x = fmaxf(x, -125.0f); /* 2^-125 is 0 to e4m3, and j + 127 stays a normal exponent */
-    const float t = x + 12582912.0f; /* 1.5 * 2^23: rounds x to an integer in t's low bits */
-    const float f = x - (t - 12582912.0f);
-    float p = fmaf(f, 0.05508868f, 0.24260405f); /* least squares on the relative error */
-    p = fmaf(p, f, 0.69327624f);
-    p = fmaf(p, f, 0.99992894f);
-    /* t's bits are 0x4B400000 + j; shifted left by 23 the constant part wraps to 0 */
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
 /* Four floats as e4m3 bytes, the first in the lowest byte (round to
@@ -286,9 +269,7 @@ template <int D, int IN> struct consumer {
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float &x = sc[4 * j + 2 * rh + e];
-                    constexpr int POLY = TL::FP8 ? FMHA_HOPPER_FP8_POLY : 0;
-                    x = POLY && j % (POLY > 0 ? POLY : 1) == 0 ? exp2_poly(fmaf(x, scale_log2, nb))
-                                                               : exp2_approx(fmaf(x, scale_log2, nb));
+                    x = exp2_approx(fmaf(x, scale_log2, nb));
                     sum += x;
                 }
             l_row[rh] = l_row[rh] * alpha[rh] + sum; /* the quad adds up at the end */
@@ -707,22 +688,6 @@ cudaError_t launch_variant(const hopper_params &hp, int64_t max_sq, int batch, c
     return cudaGetLastError();
 }
 
-template <int D, int IN>
-fmha_status launch(hopper_params &hp, const fmha_problem *pb, cudaStream_t stream)
-{
-    const fmha_forward_args *a = pb->args;
-    fmha_status st;
-    if ((st = make_map(&hp.tq, a->q, htile<D, IN>::BM, IN, "q")) != FMHA_STATUS_OK ||
-        (st = make_map(&hp.tk, a->k, htile<D, IN>::BN, IN, "k")) != FMHA_STATUS_OK ||
-        (IN != IN_E4M3 && (st = make_map(&hp.tv, a->v, htile<D, IN>::BN, IN, "v")) != FMHA_STATUS_OK))
-        return st;
-    const int64_t max_sq = pb->max_sq;
-    const int batch = (int)pb->batch;
-    cudaError_t err = hp.p.drop_threshold ? launch_variant<D, IN, true, false>(hp, max_sq, batch, stream)
-                                          : launch_variant<D, IN, false, false>(hp, max_sq, batch, stream);
-    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
-}
-
 /* ------------------------------------------------------------- FP8 host */
 
 /* V^T for the FP8 kernel: vt[tb][hk][c][col] = v[key][hk][c] with key =
@@ -811,29 +776,73 @@ cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream)
     return cudaMallocFromPoolAsync(ptr, bytes, pools[dev], stream);
 }
 
-template <int D>
-fmha_status launch_fp8(hopper_params &hp, const fmha_problem *pb, const CUtensorMap &tv, bool two_level,
-                       cudaStream_t stream)
+/* Where an FP8 call's V^T lies (vt_kernel): extents and element strides of
+ * [batch, kv head, channel, column]. */
+struct vt_view {
+    void *data;
+    int64_t dims[4], strides[3]; /* innermost first */
+};
+
+/* The tensor maps, then the kernel variant: dropout, or two-level
+ * accumulation (FP8 at D <= 128 only: it holds one tile's P V beside O,
+ * which at D = 256, or with dropout's draws at D = 128, spills: ptxas, 380
+ * bytes), or neither. */
+template <int D, int IN>
+fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt, bool two_level,
+                   cudaStream_t stream)
 {
-    typedef htile<D, IN_E4M3> TL;
-    hp.tv = tv;
+    typedef htile<D, IN> TL;
     const fmha_forward_args *a = pb->args;
     fmha_status st;
-    if ((st = make_map(&hp.tq, a->q, TL::BM, IN_E4M3, "q")) != FMHA_STATUS_OK ||
-        (st = make_map(&hp.tk, a->k, TL::BN, IN_E4M3, "k")) != FMHA_STATUS_OK)
+    if ((st = make_map(&hp.tq, a->q, TL::BM, IN, "q")) != FMHA_STATUS_OK ||
+        (st = make_map(&hp.tk, a->k, TL::BN, IN, "k")) != FMHA_STATUS_OK)
+        return st;
+    st = TL::FP8 ? make_map_raw(&hp.tv, vt->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, vt->dims,
+                                vt->strides, D, "v^t")
+                 : make_map(&hp.tv, a->v, TL::BN, IN, "v");
+    if (st != FMHA_STATUS_OK)
         return st;
     const int64_t max_sq = pb->max_sq;
     const int batch = (int)pb->batch;
-    cudaError_t err;
-    /* Two-level accumulation holds one tile's P V beside O: at D = 256, or
-     * with dropout's draws at D = 128, that spills (ptxas: 380 bytes). */
-    constexpr bool TWO = D <= 128;
-    if (hp.p.drop_threshold)
-        err = launch_variant<D, IN_E4M3, true, false>(hp, max_sq, batch, stream);
-    else
-        err = two_level && TWO ? launch_variant<D, IN_E4M3, false, TWO>(hp, max_sq, batch, stream)
-                               : launch_variant<D, IN_E4M3, false, false>(hp, max_sq, batch, stream);
-    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper FP8 attention kernel launch");
+    constexpr bool TWO = TL::FP8 && D <= 128;
+    const cudaError_t err =
+        hp.p.drop_threshold ? launch_variant<D, IN, true, false>(hp, max_sq, batch, stream)
+        : two_level && TWO  ? launch_variant<D, IN, false, TWO>(hp, max_sq, batch, stream)
+                            : launch_variant<D, IN, false, false>(hp, max_sq, batch, stream);
+    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
+}
+
+/* The smallest compiled head dim that holds the call; vt != NULL for FP8. */
+fmha_status launch_head_dim(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
+                            bool two_level, cudaStream_t stream)
+{
+    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
+    const bool bf16 = pb->cfg->dtype == FMHA_DTYPE_BF16;
+#define FMHA_LAUNCH(D)                                                                            \
+    if (dmax <= D)                                                                                \
+        return bf16 ? launch<D, IN_BF16>(hp, pb, vt, two_level, stream)                           \
+                    : launch<D, IN_F16>(hp, pb, vt, two_level, stream);
+#define FMHA_LAUNCH_FP8(D)                                                                        \
+    if (dmax <= D)                                                                                \
+        return launch<D, IN_E4M3>(hp, pb, vt, two_level, stream);
+    if (vt) {
+        FMHA_CUDA_FP8_HEAD_DIMS(FMHA_LAUNCH_FP8)
+    } else {
+        FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
+    }
+#undef FMHA_LAUNCH
+#undef FMHA_LAUNCH_FP8
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
+                          (long long)dmax);
+}
+
+hopper_params params_of(const fmha_problem *pb, const flash_params &p)
+{
+    hopper_params h;
+    memset(&h, 0, sizeof h);
+    h.p = p;
+    h.o_vec = pb->args->out.dtype != FMHA_DTYPE_F32 && chunk_aligned(pb->args->out);
+    return h;
 }
 
 } // namespace
@@ -842,31 +851,20 @@ namespace fmha_cuda {
 
 fmha_status hopper_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream)
 {
-    const bool bf16 = pb->cfg->dtype == FMHA_DTYPE_BF16;
-    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
-    hopper_params h;
-    memset(&h, 0, sizeof h);
-    h.p = p;
-    h.o_vec = pb->args->out.dtype != FMHA_DTYPE_F32 && chunk_aligned(pb->args->out);
-#define FMHA_LAUNCH(D)                                                                            \
-    if (dmax <= D)                                                                                \
-        return bf16 ? launch<D, IN_BF16>(h, pb, stream) : launch<D, IN_F16>(h, pb, stream);
-    FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
-#undef FMHA_LAUNCH
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
-                          (long long)dmax);
+    hopper_params h = params_of(pb, p);
+    return launch_head_dim(h, pb, nullptr, false, stream);
 }
 
 /* FP8: V^T into pooled scratch on the stream, then the kernel; the scratch
  * goes back to the pool behind the kernel. */
 fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream)
 {
+    int two_level;
+    fmha_status st = fmha_fp8_two_level(&two_level);
+    if (st != FMHA_STATUS_OK)
+        return st;
     const fmha_forward_args *a = pb->args;
-    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
-    hopper_params h;
-    memset(&h, 0, sizeof h);
-    h.p = p;
-    h.o_vec = a->out.dtype != FMHA_DTYPE_F32 && chunk_aligned(a->out);
+    hopper_params h = params_of(pb, p);
     /* P <= drop_scale after dropout: scaled by 2^shift it stays below e4m3's 448. */
     const double pmax = pb->drop_threshold ? pb->drop_rescale : 1.0;
     h.p_shift = (float)fmin(8.0, floor(log2(448.0 / pmax)));
@@ -874,37 +872,22 @@ fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cu
     const int64_t nseq = pb->batch, kvh = pb->kv_heads, dv = pb->dv;
     const int64_t cols = p.varlen ? vt_start(a->k.seqlen, nseq) : (a->k.seqlen + 15) & ~(int64_t)15;
     const int64_t vt_batch = p.varlen ? 1 : nseq;
-    void *vt = nullptr;
-    cudaError_t err = scratch_alloc(&vt, (size_t)(vt_batch * kvh * dv * cols), stream);
+    vt_view vt = {nullptr, {cols, dv, kvh, vt_batch}, {cols, dv * cols, kvh * dv * cols}};
+    cudaError_t err = scratch_alloc(&vt.data, (size_t)(vt_batch * kvh * dv * cols), stream);
     if (err != cudaSuccess)
         return cuda_error(err, "allocating V^T scratch for FP8 attention");
     const fmha_tensor &v = a->v;
     const int vec4 = dv % 4 == 0 && (uintptr_t)v.data % 4 == 0 &&
                      (v.stride_seq % 4 == 0 || v.seqlen == 1) && (v.stride_head % 4 == 0 || v.heads == 1) &&
                      (v.stride_batch % 4 == 0 || v.batch == 1);
-    int64_t max_own = p.varlen ? (pb->max_sk + 15 + 32) & ~(int64_t)15 : cols;
+    const int64_t max_own = p.varlen ? (pb->max_sk + 15 + 32) & ~(int64_t)15 : cols;
     dim3 grid((unsigned)((max_own + VT_COLS - 1) / VT_COLS), (unsigned)kvh, (unsigned)nseq);
-    vt_kernel<<<grid, 256, 0, stream>>>(p, (uint8_t *)vt, cols, vec4);
-    fmha_status st = FMHA_STATUS_OK;
+    vt_kernel<<<grid, 256, 0, stream>>>(p, (uint8_t *)vt.data, cols, vec4);
     if ((err = cudaGetLastError()) != cudaSuccess)
         st = cuda_error(err, "the FP8 V^T kernel launch");
-    CUtensorMap tv;
-    const int64_t dims[4] = {cols, dv, kvh, vt_batch};
-    const int64_t strides[3] = {cols, dv * cols, kvh * dv * cols};
-    const bool two_level = fmha_fp8_two_level();
-#define FMHA_LAUNCH(D)                                                                            \
-    else if (dmax <= D) {                                                                         \
-        st = make_map_raw(&tv, vt, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, dims, strides, D, "v^t");    \
-        if (st == FMHA_STATUS_OK)                                                                 \
-            st = launch_fp8<D>(h, pb, tv, two_level, stream);                                     \
-    }
-    if (st != FMHA_STATUS_OK) {
-    }
-    FMHA_CUDA_FP8_HEAD_DIMS(FMHA_LAUNCH)
-    else st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA "
-                             "kernel", (long long)dmax);
-#undef FMHA_LAUNCH
-    cudaFreeAsync(vt, stream);
+    else
+        st = launch_head_dim(h, pb, &vt, two_level, stream);
+    cudaFreeAsync(vt.data, stream);
     return st;
 }
 

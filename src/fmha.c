@@ -206,17 +206,25 @@ fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
     return FMHA_STATUS_OK;
 }
 
+/* The layer's FP8 scratch lives where its kernel runs: host memory for a CPU
+ * layer, device memory for a CUDA one. */
+static void fp8_scratch_free(fmha_layer *l)
+{
+#ifdef FMHA_HAVE_CUDA
+    if (l->kernel.device == FMHA_DEVICE_CUDA) {
+        fmha_cuda_free(l->fp8_buf);
+        return;
+    }
+#endif
+    free(l->fp8_buf);
+}
+
 void fmha_layer_free(fmha_layer *layer)
 {
     if (!layer)
         return;
     fmha_cpu_workspace_free(&layer->ws);
-#ifdef FMHA_HAVE_CUDA
-    if (layer->kernel.device == FMHA_DEVICE_CUDA)
-        fmha_cuda_free(layer->fp8_buf);
-    else
-#endif
-        free(layer->fp8_buf);
+    fp8_scratch_free(layer);
     free(layer);
 }
 
@@ -258,8 +266,7 @@ static int64_t view_elements(const fmha_tensor *t)
     return n;
 }
 
-/* The layer's FP8 scratch, at least `bytes`: host memory for a CPU layer,
- * device memory for a CUDA one. */
+/* Grows the layer's FP8 scratch to at least `bytes`. */
 static fmha_status fp8_scratch(fmha_layer *l, size_t bytes)
 {
     if (l->fp8_size >= bytes)
@@ -270,16 +277,12 @@ static fmha_status fp8_scratch(fmha_layer *l, size_t bytes)
         fmha_status st = fmha_cuda_alloc(&p, bytes);
         if (st != FMHA_STATUS_OK)
             return st;
-        fmha_cuda_free(l->fp8_buf);
-        l->fp8_buf = p;
-        l->fp8_size = bytes;
-        return FMHA_STATUS_OK;
-    }
+    } else
 #endif
     if (!(p = malloc(bytes)))
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
                               "out of memory reserving %zu bytes of FP8 scratch", bytes);
-    free(l->fp8_buf);
+    fp8_scratch_free(l);
     l->fp8_buf = p;
     l->fp8_size = bytes;
     return FMHA_STATUS_OK;

@@ -73,6 +73,17 @@ def view(x):
     return Tensor(x.data_ptr(), BF16, b, s, h, d, sb, ss, sh, sd)
 
 
+def load_lib(path):
+    """libfmha with the signatures the benches call."""
+    lib = C.CDLL(path)
+    lib.fmha_layer_init.argtypes = [C.POINTER(C.c_void_p), C.POINTER(Config)]
+    lib.fmha_layer_forward.argtypes = [C.c_void_p, C.POINTER(Args)]
+    lib.fmha_layer_free.argtypes = [C.c_void_p]
+    lib.fmha_last_error.restype = C.c_char_p
+    lib.fmha_config_init.argtypes = [C.POINTER(Config), C.c_int64, C.c_int64, C.c_int64]
+    return lib
+
+
 def make_inputs(b, sq, sk, h, hkv, d):
     """q [B, H, Sq, D], k and v [B, Hkv, Sk, D]: bf16 N(0, 1) on the GPU, seed 0."""
     torch.manual_seed(0)
@@ -95,12 +106,7 @@ def main():
     ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
     opt = ap.parse_args()
 
-    lib = C.CDLL(opt.lib)
-    lib.fmha_layer_init.argtypes = [C.POINTER(C.c_void_p), C.POINTER(Config)]
-    lib.fmha_layer_forward.argtypes = [C.c_void_p, C.POINTER(Args)]
-    lib.fmha_layer_free.argtypes = [C.c_void_p]
-    lib.fmha_last_error.restype = C.c_char_p
-    lib.fmha_config_init.argtypes = [C.POINTER(Config), C.c_int64, C.c_int64, C.c_int64]
+    lib = load_lib(opt.lib)
 
     dev = torch.cuda.get_device_name()
     print(f"# {time.strftime('%Y-%m-%d')} {dev}, torch {torch.__version__}, "

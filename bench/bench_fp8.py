@@ -26,7 +26,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import SHAPES as BF16_SHAPES  # noqa: E402
-from bench_cuda import Args, Config, Tensor, flops, make_inputs  # noqa: E402  (the one ctypes mirror)
+from bench_cuda import Args, Config, Tensor, flops, load_lib, make_inputs  # noqa: E402  (the one ctypes mirror)
 
 # bench_cuda's non-causal d128 shapes, the head-dim grid and Llama's causal GQA, plus FA3's d128 at 8k
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
@@ -83,12 +83,7 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="time the FP8 kernel alone (tuning runs)")
     opt = ap.parse_args()
 
-    lib = C.CDLL(opt.lib)
-    lib.fmha_layer_init.argtypes = [C.POINTER(C.c_void_p), C.POINTER(Config)]
-    lib.fmha_layer_forward.argtypes = [C.c_void_p, C.POINTER(Args)]
-    lib.fmha_layer_free.argtypes = [C.c_void_p]
-    lib.fmha_last_error.restype = C.c_char_p
-    lib.fmha_config_init.argtypes = [C.POINTER(Config), C.c_int64, C.c_int64, C.c_int64]
+    lib = load_lib(opt.lib)
 
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")

@@ -161,6 +161,28 @@ __device__ __forceinline__ void store_out(const flash_params &p, char *orow, int
         ((__half *)orow)[c] = __float2half_rn(x);
 }
 
+/* -inf on this thread's scores of row r (of `rows`) that the row does not
+ * see among the tile's keys [n0, n0 + nvalid); x(j, e) is the score of key
+ * n0 + 8 j + 2 (lane % 4) + e, j < BN / 8 (both kernels' accumulator layout). */
+template <int BN, class X>
+__device__ __forceinline__ void mask_frag(const flash_params &p, int r, int rows, int64_t m0,
+                                          int64_t sq, int64_t sk, int64_t n0, int nvalid, int lane,
+                                          X x)
+{
+    int64_t lo = 0, hi = 0;
+    if (r < rows)
+        fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + r, sq, sk, &lo, &hi);
+    const int jlo = (int)max64(lo - n0, -1), jhi = (int)min64(hi - n0, nvalid);
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = j * 8 + (lane % 4) * 2 + e;
+            if (c < jlo || c >= jhi)
+                x(j, e) = -INFINITY;
+        }
+}
+
 /* This thread's part of an output row in both kernels' accumulator layout:
  * x(j, e) (e = 0, 1) is column 8 j + 2 (lane % 4) + e, j < D / 8; columns
  * from dv on are padding and skipped. */

@@ -218,22 +218,10 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int rh = 0; rh < 2; rh++) {
-                    const int r = (warp * MT + mt) * 16 + lane / 4 + rh * 8;
-                    int64_t lo = 0, hi = 0;
-                    if (r < rows)
-                        fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + r, sq, sk,
-                                        &lo, &hi);
-                    const int jlo = (int)max64(lo - n0, -1), jhi = (int)min64(hi - n0, nvalid);
-#pragma unroll
-                    for (int i = 0; i < BN / 8; i++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int j = i * 8 + (lane % 4) * 2 + e;
-                            if (j < jlo || j >= jhi)
-                                s[mt][i][2 * rh + e] = -INFINITY;
-                        }
-                }
+                for (int rh = 0; rh < 2; rh++)
+                    mask_frag<BN>(p, (warp * MT + mt) * 16 + lane / 4 + rh * 8, rows, m0, sq, sk,
+                                  n0, nvalid, lane,
+                                  [&](int j, int e) -> float & { return s[mt][j][2 * rh + e]; });
         }
 
         /* Online softmax, per row: the four threads of a quad share a row. */

@@ -229,21 +229,9 @@ template <int D, int IN> struct consumer {
         if (full)
             return;
 #pragma unroll
-        for (int rh = 0; rh < 2; rh++) {
-            const int r = row0 + 8 * rh;
-            int64_t lo = 0, hi = 0;
-            if (r < rows)
-                fmha_mask_range(p.causal, p.window_left, p.window_right, m0 + r, sq, sk, &lo, &hi);
-            const int jlo = (int)max64(lo - n0, -1), jhi = (int)min64(hi - n0, nvalid);
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int c = j * 8 + (lane % 4) * 2 + e;
-                    if (c < jlo || c >= jhi)
-                        sc[4 * j + 2 * rh + e] = -INFINITY;
-                }
-        }
+        for (int rh = 0; rh < 2; rh++)
+            mask_frag<BN>(p, row0 + 8 * rh, rows, m0, sq, sk, n0, nvalid, lane,
+                          [&](int j, int e) -> float & { return sc[4 * j + 2 * rh + e]; });
     }
 
     /* Online softmax: new running max and sum, P = exp2 in place (times

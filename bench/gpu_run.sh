@@ -14,9 +14,11 @@ if [ -d .deps ] && [ ! -f /usr/include/cjson/cJSON.h ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release ${CMAKE_EXTRA:-} > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
-grep -E "spill|stack" "$OUT/build.log" | sort | uniq -c | head
+if [ "$*" != variants ]; then # tuning runs build only their variants
+    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release ${CMAKE_EXTRA:-} > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+    grep -E "spill|stack" "$OUT/build.log" | sort | uniq -c | head
+fi
 summary=()
 IFS=';' read -r -a VARIANTS <<< "${VARIANT_FLAGS:-}"
 for step in "$@"; do
@@ -29,13 +31,17 @@ for step in "$@"; do
         cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/cuda_hopper.cu.o > "$OUT/hopper.sass" 2>&1
         summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -c QGMMA "$OUT/hopper.sass") QGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
         grep -E "hopper.*(spill|stack)" "$OUT/build.log" | head -4 ;;
-    ncu) # one Hopper launch of the flux shape under Nsight Compute (clocks left alone; NCU_DTYPE=fp8 for FP8)
-        timeout 300 ncu --clock-control none --kernel-name regex:hopper_fwd --launch-skip 3 --launch-count 1 \
-            --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-            --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
-            build-gpu/fmha bench --model flux-1024 --device cuda --dtype ${NCU_DTYPE:-bf16} > "$OUT/ncu.txt" 2>&1
-        summary+=("ncu rc=$?")
-        grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Stall|Warp Cycles Per Issued|Tensor|Pipe|pipe_xu|Eligible" "$OUT/ncu.txt" | head -30 ;;
+    ncu) # one Hopper launch of the flux shape per dtype under Nsight Compute (clocks left alone; NCU_DTYPE: "bf16 fp8")
+        for dt in ${NCU_DTYPE:-bf16}; do
+            timeout 300 ncu --clock-control none --kernel-name regex:hopper_fwd --launch-skip 3 --launch-count 1 \
+                --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+                --section MemoryWorkloadAnalysis \
+                --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
+                build-gpu/fmha bench --model flux-1024 --device cuda --dtype $dt > "$OUT/ncu-$dt.txt" 2>&1
+            summary+=("ncu $dt rc=$?")
+            echo "== ncu $dt"
+            grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Eligible Warps|Warp Cycles Per Issued|Shared Memory|L1/TEX Hit|Mem Pipes Busy|pipe_xu|gmma" "$OUT/ncu-$dt.txt" | head -24
+        done ;;
     debug)
         FMHA_TEST_LONG=0 timeout 300 cuda-gdb -batch -ex run -ex bt -ex quit --args build-gpu/test_cuda 3 > "$OUT/debug.log" 2>&1
         tail -40 "$OUT/debug.log" ;;
@@ -51,7 +57,7 @@ for step in "$@"; do
           && build-gpu/fmha run --model flux-1024 --device cuda --dtype fp8 \
           && build-gpu/fmha bench --model flux-1024 --device cuda --dtype fp8; } > "$OUT/cli.log" 2>&1
         summary+=("cli rc=$?"); tail -14 "$OUT/cli.log" ;;
-    variants) # tuning builds, sm_90 only, fmha timed alone on the quick shapes (VARIANT_BENCH: which bench)
+    variants) # tuning builds, sm_90 only, fmha timed alone on the quick shapes (VARIANT_BENCH: which benches)
         i=0
         for flags in "${VARIANTS[@]}"; do
             i=$((i + 1))
@@ -63,7 +69,9 @@ for step in "$@"; do
         for flags in "${VARIANTS[@]}"; do
             i=$((i + 1))
             echo "== variant $i: $flags $(grep -c 'spill' "$OUT/v$i.build.log") spill lines"
-            python3 ${VARIANT_BENCH:-bench/bench_cuda.py} --lib build-v$i/libfmha.so --quick --no-peers 2>&1 | grep -v "^|" | grep -v "^#"
+            for bench in ${VARIANT_BENCH:-bench/bench_cuda.py}; do
+                python3 $bench --lib build-v$i/libfmha.so --quick --no-peers 2>&1 | grep -v "^|" | grep -v "^#"
+            done
         done ;;
     quant) # the FP8 quantizer: bit for bit against the CPU's, memcheck on a few cases, the bench
         timeout 300 build-gpu/test_cuda_fp8 > "$OUT/test_cuda_fp8.log" 2>&1

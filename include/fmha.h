@@ -224,7 +224,9 @@ typedef enum fmha_descale_layout {
  * FP8 inputs: q, k and v all f8_e4m3 (cfg.dtype), out f32, f16 or bf16. The
  * descales are f32 arrays laid out as descale_layout says, in the same memory
  * as q (host memory for the CPU, device memory for CUDA); NULL stands for
- * descales of 1. On the CPU every descale must be finite and > 0 (checked).
+ * descales of 1. Every descale must be finite and > 0: the CPU checks them;
+ * on CUDA they stay in device memory unread by the host, and a descale <= 0
+ * gives undefined output there.
  * Inputs of other dtypes take no descales: the pointers must be NULL.
  * On CUDA, FP8 runs on Hopper (compute capability 9.0) only, with per-tensor
  * or per-KV-head descales; q and k rows must start 16-byte aligned (strides

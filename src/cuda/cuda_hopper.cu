@@ -48,6 +48,15 @@ enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
 #ifndef FMHA_HOPPER_STAGES_SMALL /* K/V ring depth for D <= 128 */
 #define FMHA_HOPPER_STAGES_SMALL 2
 #endif
+#ifndef FMHA_HOPPER_Q_REGS /* S = Q K^T with Q in registers (D <= 128) */
+#define FMHA_HOPPER_Q_REGS 1
+#endif
+#ifndef FMHA_HOPPER_REGS_LOAD /* registers per thread: producer warpgroup, consumers */
+#define FMHA_HOPPER_REGS_LOAD 24
+#endif
+#ifndef FMHA_HOPPER_REGS_MMA
+#define FMHA_HOPPER_REGS_MMA 240
+#endif
 /* FP8:
  *   BN 128: V^T rows are BN keys of one byte, and the 128-byte swizzle that
  *      wgmma reads wants rows of 128 bytes.
@@ -65,6 +74,7 @@ template <int D, int IN> struct htile {
     static constexpr int BN = FP8 ? 128 : D <= 128 ? FMHA_HOPPER_BN_SMALL : FMHA_HOPPER_BN_LARGE;
     static constexpr int STAGES = D <= 128 ? FMHA_HOPPER_STAGES_SMALL : 2;
     static constexpr int THREADS = 384; /* producer warpgroup + 2 consumers */
+    static constexpr bool Q_REGS = FMHA_HOPPER_Q_REGS && D <= 128;
     static constexpr uint32_t Q_BYTES = NCH * BM * 128;
     static constexpr uint32_t K_BYTES = NCH * BN * 128; /* one stage of K */
     /* One stage of V: 16-bit, like K (whole 64-column chunks); FP8, V^T's D rows of BN keys. */
@@ -156,6 +166,11 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
            (uint64_t)((sbo >> 4) & 0x3fffu) << 32 | (uint64_t)1 << 62;
 }
 
+/* The descriptor of `desc`'s matrix moved on by `bytes` (a multiple of 16):
+ * shared addresses stay below 2^18, so the 14-bit address field takes the
+ * sum without a carry, and a loop's descriptors cost one add each. */
+__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 /* Four floats as e4m3 bytes, the first in the lowest byte (round to
  * nearest even, saturated to +-448). */
 __device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d)
@@ -189,16 +204,39 @@ template <int D, int IN> struct consumer {
     typedef htile<D, IN> TL;
     static constexpr int BN = TL::BN;
     static constexpr int PA = BN / TL::WK; /* P's register fragments, one per wgmma of O += P V */
+    static constexpr int QA = D / TL::WK;  /* S's k steps: 32 bytes of the head dim each */
+
+    /* Q_REGS: the warpgroup's 64 rows of Q as wgmma's register A operand, one
+     * fragment per k step (ldmatrix from the swizzled rows: matrices 0..3 are
+     * rows 0-7 / 8-15 of the warp's 16 at the step's first / second 16 bytes). */
+    static __device__ __forceinline__ void load_q(uint32_t (*qa)[4], uint32_t q_rows, int warp, int lane)
+    {
+        const int r = 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);
+#pragma unroll
+        for (int ks = 0; ks < QA; ks++) {
+            const int u = 2 * (ks % 4) + lane / 16;
+            const uint32_t addr = q_rows + (ks / 4) * TL::BM * 128 + r * 128 + ((u ^ (r % 8)) * 16);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(qa[ks][0]), "=r"(qa[ks][1]), "=r"(qa[ks][2]), "=r"(qa[ks][3])
+                         : "r"(addr));
+        }
+    }
 
     /* Issues S = Q K^T: one wgmma per 32 bytes of the head dim, four per
-     * 128-byte chunk. */
-    static __device__ __forceinline__ void issue_scores(float *sc, uint32_t q_rows, uint32_t k_stage)
+     * 128-byte chunk; Q from shared memory, or from qa (QR). */
+    template <bool QR>
+    static __device__ __forceinline__ void issue_scores(float *sc, uint32_t q_rows, const uint32_t (*qa)[4],
+                                                        uint32_t k_stage)
     {
+        const uint64_t kd = smem_desc(k_stage, 16, 1024), qd = smem_desc(q_rows, 16, 1024);
 #pragma unroll
-        for (int ks = 0; ks < D / TL::WK; ks++) {
+        for (int ks = 0; ks < QA; ks++) {
             const uint32_t col = (ks % 4) * 32u;
-            wgmma<BN, IN>::ss(sc, smem_desc(q_rows + (ks / 4) * TL::BM * 128 + col, 16, 1024),
-                              smem_desc(k_stage + (ks / 4) * BN * 128 + col, 16, 1024), ks > 0);
+            const uint64_t kdesc = desc_at(kd, (ks / 4) * BN * 128 + col);
+            if (QR)
+                wgmma<BN, IN>::rsk(sc, qa[ks], kdesc, ks > 0);
+            else
+                wgmma<BN, IN>::ss(sc, desc_at(qd, (ks / 4) * TL::BM * 128 + col), kdesc, ks > 0);
         }
     }
 
@@ -208,10 +246,10 @@ template <int D, int IN> struct consumer {
     static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*pa)[4], uint32_t v_stage,
                                                     int accumulate)
     {
+        const uint64_t vd = TL::FP8 ? smem_desc(v_stage, 16, 1024) : smem_desc(v_stage, BN * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < PA; kk++) {
-            const uint64_t desc = TL::FP8 ? smem_desc(v_stage + kk * 32, 16, 1024)
-                                          : smem_desc(v_stage + kk * 16 * 128, BN * 128, 1024);
+            const uint64_t desc = desc_at(vd, TL::FP8 ? kk * 32 : kk * 16 * 128);
             wgmma<D, IN>::rs(o, pa[kk], desc, kk > 0 || accumulate);
         }
     }
@@ -242,12 +280,14 @@ template <int D, int IN> struct consumer {
     {
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) {
-            float mx = m_row[rh];
+            /* The max of the raw scores, scaled once: scale_log2 > 0 keeps the order. */
+            float mx = sc[2 * rh];
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
-                mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * rh], sc[4 * j + 2 * rh + 1]) * scale_log2);
+                mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * rh], sc[4 * j + 2 * rh + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(m_row[rh], mx * scale_log2);
             const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms 0 */
             alpha[rh] = exp2_approx(m_row[rh] - base);
             const float nb = shift - base;
@@ -394,7 +434,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
 
     const int wg = threadIdx.x / 128;
     if (wg == 0) { /* ---------------------------------------------- producer */
-        regs_dealloc<40>();
+        regs_dealloc<FMHA_HOPPER_REGS_LOAD>();
         if (threadIdx.x == 0) {
             auto load = [&](uint32_t dst, const CUtensorMap *map, int row, uint32_t bar) {
                 mbar_expect_tx(bar, TL::K_BYTES);
@@ -433,7 +473,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     }
 
     /* ------------------------------------------------------------ consumers */
-    regs_alloc<232>();
+    regs_alloc<FMHA_HOPPER_REGS_MMA>();
     const int cw = wg - 1; /* rows [64 cw, 64 cw + 64) of the block */
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int row0 = cw * 64 + warp * 16 + lane / 4; /* this thread's rows: row0, row0 + 8 */
@@ -495,13 +535,19 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     if (cw == 1)
         named_arrive(BAR_TURN + 0, 256);
     mbar_wait(bar_q, 0);
+    /* Q in registers where they are free: not beside dropout's draws or the
+     * two-level accumulator (ptxas: 68 and 160 bytes of spills). */
+    constexpr bool QR = TL::Q_REGS && !DROPOUT && !TWO_LEVEL;
+    uint32_t qa[QR ? C::QA : 1][4];
+    if (QR)
+        C::load_q(qa, q_rows, warp, lane);
 
     if (ntiles > 0) { /* tile 0: S only */
         float sc[BN / 2];
         mbar_wait(k_full(0), 0);
         named_sync(BAR_TURN + cw, 256);
         wg_fence();
-        C::issue_scores(sc, q_rows, sK);
+        C::template issue_scores<QR>(sc, q_rows, qa, sK);
         wg_commit();
         named_arrive(BAR_TURN + (1 - cw), 256);
         wg_wait<0>();
@@ -523,7 +569,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         mbar_wait(k_full(s), (t / STAGES) & 1);
         named_sync(BAR_TURN + cw, 256);
         wg_fence();
-        C::issue_scores(sc, q_rows, sK + s * TL::K_BYTES);
+        C::template issue_scores<QR>(sc, q_rows, qa, sK + s * TL::K_BYTES);
         wg_commit();
         mbar_wait(v_full(sp), ((t - 1) / STAGES) & 1);
         issue_pv(sV + sp * TL::V_BYTES);

@@ -55,6 +55,8 @@ def time_ms(fn, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfmha.so")
+    ap.add_argument("--quick", action="store_true", help="accepted for gpu_run.sh variants; no effect")
+    ap.add_argument("--no-peers", action="store_true", help="accepted for gpu_run.sh variants; no effect")
     ap.add_argument("--shape", default="1,90000,40,128")
     ap.add_argument("--iters", type=int, default=20)
     opt = ap.parse_args()

@@ -231,8 +231,10 @@ typedef enum fmha_descale_layout {
  * On CUDA, FP8 runs on Hopper (compute capability 9.0) only, with per-tensor
  * or per-KV-head descales; q and k rows must start 16-byte aligned (strides
  * multiples of 16 elements). P (the softmax) is multiplied in e4m3 there, and
- * each call transposes v into pooled device scratch first (FMHA_FP8_ACCUM=
- * single turns off the f32 accumulation of each key tile's P V, the default).
+ * each call transposes v into pooled device scratch first. Past 16384 keys
+ * each key tile's P V is added to O in f32 (two-level accumulation, against
+ * the error of FP8 accumulation over long key ranges); FMHA_FP8_ACCUM=
+ * two_level or single forces one mode for every length, auto is the default.
  *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
  * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),

@@ -112,14 +112,18 @@ fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_prob
     return FMHA_STATUS_OK;
 }
 
-/* FMHA_FP8_ACCUM: unset or two_level (default), or single. */
-fmha_status fmha_fp8_two_level(int *two_level)
+/* FMHA_FP8_ACCUM: unset or auto (two-level past FMHA_FP8_TWO_LEVEL_KEYS keys),
+ * two_level, or single. */
+fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level)
 {
     const char *env = getenv("FMHA_FP8_ACCUM");
-    *two_level = !(env && !strcasecmp(env, "single"));
-    if (env && *env && strcasecmp(env, "single") && strcasecmp(env, "two_level"))
+    if (!env || !*env || !strcasecmp(env, "auto"))
+        *two_level = max_sk > FMHA_FP8_TWO_LEVEL_KEYS;
+    else if (!strcasecmp(env, "two_level") || !strcasecmp(env, "single"))
+        *two_level = !strcasecmp(env, "two_level");
+    else
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "FMHA_FP8_ACCUM=%s is not one of two_level, single", env);
+                              "FMHA_FP8_ACCUM=%s is not one of auto, two_level, single", env);
     return FMHA_STATUS_OK;
 }
 #endif

@@ -7,6 +7,9 @@
 
 #include "internal.h"
 #include "testutil.h"
+#ifdef FMHA_HAVE_CUDA
+#include "cuda/cuda.h"
+#endif
 
 #include <math.h>
 #include <signal.h>
@@ -1160,6 +1163,39 @@ static void test_layer_reuse(void)
     fmha_layer_free(layer);
 }
 
+#ifdef FMHA_HAVE_CUDA
+/* The FP8 kernel's accumulation mode (no GPU needed to choose it): auto takes
+ * two-level past FMHA_FP8_TWO_LEVEL_KEYS keys, the other values force one. */
+static void test_fp8_accum(void)
+{
+    const struct {
+        const char *env;
+        int64_t keys;
+        int want;
+    } cases[] = {{NULL, FMHA_FP8_TWO_LEVEL_KEYS, 0}, {NULL, FMHA_FP8_TWO_LEVEL_KEYS + 1, 1},
+                 {"", 1, 0},                         {"auto", 75600, 1},
+                 {"AUTO", 4608, 0},                  {"two_level", 1, 1},
+                 {"single", 1 << 20, 0},             {"Single", 1 << 20, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].env)
+            setenv("FMHA_FP8_ACCUM", cases[i].env, 1);
+        else
+            unsetenv("FMHA_FP8_ACCUM");
+        int two = -1;
+        const fmha_status st = fmha_fp8_two_level(cases[i].keys, &two);
+        TU_CHECK(st == FMHA_STATUS_OK && two == cases[i].want, "FMHA_FP8_ACCUM=%s, %lld keys: %d (%s)",
+                 cases[i].env ? cases[i].env : "(unset)", (long long)cases[i].keys, two,
+                 fmha_last_error());
+    }
+    setenv("FMHA_FP8_ACCUM", "double", 1);
+    int two = -1;
+    TU_CHECK(fmha_fp8_two_level(100, &two) == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "FMHA_FP8_ACCUM=double is not one of auto, two_level, single"),
+             "FMHA_FP8_ACCUM=double: %s", fmha_last_error());
+    unsetenv("FMHA_FP8_ACCUM");
+}
+#endif
+
 int main(void)
 {
     unsetenv("FMHA_CPU_ISA");
@@ -1174,6 +1210,9 @@ int main(void)
     test_config();
     test_varlen();
     test_fp8_args();
+#ifdef FMHA_HAVE_CUDA
+    test_fp8_accum();
+#endif
     test_isa();
     test_success();
     test_layer_reuse();

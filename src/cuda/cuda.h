@@ -32,12 +32,17 @@ fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **
 fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb,
                                  const fmha_kernel_info **out);
 
-/* *two_level = 1 (default) when the FP8 kernel adds each tile's P V into O in
- * f32 (two-level accumulation; head dims up to 128, no dropout), 0 under
- * FMHA_FP8_ACCUM=single, which lets wgmma accumulate O across tiles (for
- * measuring what the guard buys); any other value is INVALID_ARGUMENT
- * (select.c). */
-fmha_status fmha_fp8_two_level(int *two_level);
+/* Whether the FP8 kernel adds each key tile's P V into O in f32 (two-level
+ * accumulation; head dims up to 128, no dropout) or lets wgmma accumulate O
+ * across tiles. FMHA_FP8_ACCUM=auto (or unset) takes two-level when the
+ * longest key sequence, max_sk, passes FMHA_FP8_TWO_LEVEL_KEYS: measured on
+ * the H200 (bench/RESULTS.md), the single-level sum's error grows with the
+ * keys (relative L2 2.6e-3 at 4.6k keys, 4.1e-3 at 16k, 8.5e-3 at 75.6k, in
+ * quadrature beside the 2.5e-2 of P in e4m3) while two-level costs 9-12% of
+ * the speed. two_level and single force a mode; any other value is
+ * INVALID_ARGUMENT (select.c). */
+#define FMHA_FP8_TWO_LEVEL_KEYS 16384
+fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level);
 
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */

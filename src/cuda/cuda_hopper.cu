@@ -899,7 +899,7 @@ fmha_status hopper_forward(const fmha_problem *pb, const flash_params &p, cudaSt
 fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream)
 {
     int two_level;
-    fmha_status st = fmha_fp8_two_level(&two_level);
+    fmha_status st = fmha_fp8_two_level(pb->max_sk, &two_level);
     if (st != FMHA_STATUS_OK)
         return st;
     const fmha_forward_args *a = pb->args;

@@ -30,11 +30,6 @@ constexpr int LOCAL_SLOTS = 8;
  * resident block's group only while they are this small (132 SMs x 3 blocks x
  * 64 KiB = 25 MiB of the H200's 60 MiB). */
 constexpr int64_t LOCAL_MAX_BYTES = 64 << 10;
-/* Resident local blocks per SM the registers must allow (tuning knob): each
- * keeps its group's 32 KiB in flight between the load and the codes. */
-#ifndef FMHA_QUANT_LOCAL_BLOCKS
-#define FMHA_QUANT_LOCAL_BLOCKS 4
-#endif
 
 /* Load policies: x that is read once streams through L2 (evict first); x
  * that the grid path reads again stays (ld.cg, L2 only); a local group too
@@ -440,7 +435,7 @@ __device__ __forceinline__ void slots_encode(const quant_params &p, const tile &
  * scale, then the codes — from registers when this thread's vectors of the
  * group fit LOCAL_SLOTS (CACHED), else read again (hits L1 or L2). */
 template <fmha_dtype DT, int W, bool CACHED>
-__global__ void __launch_bounds__(NT, FMHA_QUANT_LOCAL_BLOCKS) quant_local(const quant_params p)
+__global__ void __launch_bounds__(NT) quant_local(const quant_params p)
 {
     __shared__ float part[2][NT / 32]; /* two, so one barrier per group suffices */
     int parity = 0;

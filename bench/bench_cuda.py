@@ -53,7 +53,8 @@ class Config(C.Structure):
                 ("head_dim_v", C.c_int64), ("dtype", C.c_int), ("softmax_scale", C.c_double),
                 ("causal", C.c_int), ("window_left", C.c_int64), ("window_right", C.c_int64),
                 ("softcap", C.c_double), ("dropout_p", C.c_double), ("device", C.c_int),
-                ("cpu_isa", C.c_int), ("num_threads", C.c_int), ("fp8_compute", C.c_int)]
+                ("cpu_isa", C.c_int), ("num_threads", C.c_int), ("fp8_compute", C.c_int),
+                ("fp8_smooth_k", C.c_int)]
 
 
 class Args(C.Structure):

@@ -142,7 +142,17 @@ fmha_cpu_isa fmha_cpu_isa_detect(void);
  * decides at init whether an FP8 kernel takes its configuration; if none
  * does, it runs cfg.dtype instead and says why (fmha_layer_get_path). The
  * environment variable FMHA_FP8_ATTN=0 sends every such layer to that
- * fallback: a switch for operators, like FMHA_CPU_ISA. */
+ * fallback: a switch for operators, like FMHA_CPU_ISA.
+ *
+ * fmha_config.fp8_smooth_k = 1 also subtracts, before quantizing, the mean of
+ * K over its tokens, per KV head and channel (one mean per batch entry, or
+ * over all tokens of a packed batch). Each query's scores then all move by
+ * the same q . mean, which the softmax ignores, so the answer is unchanged
+ * while channels with a large common offset (K's outliers in trained models)
+ * no longer dominate the quantization: bench/RESULTS.md measures 3.6e-1 ->
+ * 4.7e-2 relative L2 on offset channels. The LSE is corrected by
+ * scale * (q . mean). It needs softcap 0 (tanh is not shift-invariant) and
+ * runs on the CPU for now: a CUDA layer falls back to cfg.dtype. */
 typedef enum fmha_fp8_compute {
     FMHA_FP8_COMPUTE_OFF = 0,    /* q, k, v run in cfg.dtype (default) */
     FMHA_FP8_COMPUTE_PER_TENSOR, /* one scale per tensor, amax / 448 */
@@ -170,6 +180,8 @@ typedef struct fmha_config {
     fmha_cpu_isa cpu_isa; /* default AUTO */
     int num_threads;      /* CPU threads; 0 = OpenMP's default */
     fmha_fp8_compute fp8_compute; /* default OFF; needs f32, f16 or bf16 cfg.dtype */
+    int fp8_smooth_k;             /* 0 or 1: with fp8_compute, K's mean out first (above);
+                                     no effect while fp8_compute is off */
 } fmha_config;
 
 /* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),

@@ -202,6 +202,7 @@ fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
     l->cfg8 = *cfg;
     l->cfg8.dtype = FMHA_DTYPE_F8_E4M3;
     l->cfg8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    l->cfg8.fp8_smooth_k = 0;
     *layer = l;
     return FMHA_STATUS_OK;
 }
@@ -288,10 +289,60 @@ static fmha_status fp8_scratch(fmha_layer *l, size_t bytes)
     return FMHA_STATUS_OK;
 }
 
+/* fp8_smooth_k: k less its mean over the tokens of each (batch entry, KV head,
+ * channel), as contiguous f32 into ks, the means into mean [batch][heads][d].
+ * `acc` holds head_dim doubles. */
+static void smooth_k(const fmha_tensor *k, float *ks, float *mean, double *acc)
+{
+    const int64_t nb = k->batch, ns = k->seqlen, nh = k->heads, d = k->head_dim;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t h = 0; h < nh; h++) {
+            for (int64_t c = 0; c < d; c++)
+                acc[c] = 0.0;
+            for (int64_t s = 0; s < ns; s++) {
+                const char *row = fmha_row(k, b, s, h);
+                for (int64_t c = 0; c < d; c++)
+                    acc[c] += fmha_load_f32(row, k->dtype, c);
+            }
+            float *m = mean + (b * nh + h) * d;
+            for (int64_t c = 0; c < d; c++)
+                m[c] = ns > 0 ? (float)(acc[c] / (double)ns) : 0.0f;
+            for (int64_t s = 0; s < ns; s++) {
+                const char *row = fmha_row(k, b, s, h);
+                float *out = ks + ((b * ns + s) * nh + h) * d;
+                for (int64_t c = 0; c < d; c++)
+                    out[c] = fmha_load_f32(row, k->dtype, c) - m[c];
+            }
+        }
+}
+
+/* The LSE of the unsmoothed scores: every score of query row q moved by
+ * -scale * (q . mean of its KV head), so its LSE did too. */
+static void unsmooth_lse(const fmha_problem *pb, const fmha_forward_args *args, const float *mean)
+{
+    const fmha_tensor *q = &args->q;
+    const int64_t nh = q->heads, d = q->head_dim, group = nh / args->k.heads;
+    const int64_t nb = q->batch, ns = q->seqlen;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t h = 0; h < nh; h++) {
+            const float *m = mean + (b * args->k.heads + h / group) * d;
+            float *lse = args->lse + (b * nh + h) * ns; /* packed: b = 0, [heads, total_q] */
+            for (int64_t s = 0; s < ns; s++) {
+                const char *row = fmha_row(q, b, s, h);
+                double dot = 0.0;
+                for (int64_t c = 0; c < d; c++)
+                    dot += (double)fmha_load_f32(row, q->dtype, c) * m[c];
+                lse[s] = (float)(lse[s] + pb->scale * dot);
+            }
+        }
+}
+
 /* The FP8 path of a layer: q, k, v quantized into the layer's scratch (on the
  * layer's device, on args->stream for CUDA), then FP8 attention with their
  * descales. `host` is args with cu_seqlens readable here (validation). Codes
- * rows are padded to 16 bytes, as the GPU's tensor copies want them. */
+ * rows are padded to 16 bytes, as the GPU's tensor copies want them. With
+ * fp8_smooth_k (CPU layers only: the chooser sends CUDA ones to the fallback)
+ * K is smoothed into f32 scratch first and the LSE corrected after. */
 static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
                                const fmha_forward_args *host)
 {
@@ -316,6 +367,22 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
         off[i][1] = total;
         total += (scales * 4 + 255) & ~(int64_t)255;
     }
+    /* fp8_smooth_k: K less its means (f32), the means, and a row of doubles. */
+    const int smooth = l->cfg.fp8_smooth_k && !cuda;
+    int64_t ks_off = 0, mean_off = 0, acc_off = 0;
+    if (smooth) {
+        const int64_t nk = view_elements(&args->k), d = args->k.head_dim;
+        const int64_t nmean = args->k.batch * args->k.heads * d; /* <= nk unless seqlen is 0 */
+        if (nk < 0 || nk > INT64_MAX / 8 - nmean - d - total / 4 - 1024)
+            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                  "k has too many elements to smooth into a copy");
+        ks_off = total;
+        total += (nk * 4 + 255) & ~(int64_t)255;
+        mean_off = total;
+        total += (nmean * 4 + 255) & ~(int64_t)255;
+        acc_off = total;
+        total += d * 8;
+    }
     if ((uint64_t)total > SIZE_MAX / 2)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "FP8 scratch of %lld bytes is too large",
                               (long long)total);
@@ -326,6 +393,15 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
     fmha_forward_args a8 = *args;
     fmha_tensor *dst[3] = {&a8.q, &a8.k, &a8.v};
     const float **ds[3] = {&a8.descale_q, &a8.descale_k, &a8.descale_v};
+    fmha_tensor ks;
+    float *mean = (float *)((char *)l->fp8_buf + mean_off);
+    if (smooth) {
+        const fmha_tensor *k = &args->k;
+        ks = fmha_tensor_bshd((char *)l->fp8_buf + ks_off, FMHA_DTYPE_F32, k->batch, k->seqlen,
+                              k->heads, k->head_dim);
+        smooth_k(k, ks.data, mean, (double *)((char *)l->fp8_buf + acc_off));
+        src[1] = &ks;
+    }
     for (int i = 0; i < 3; i++) {
         const fmha_tensor *x = src[i];
         char *codes = (char *)l->fp8_buf + off[i][0];
@@ -358,7 +434,10 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
     if (cuda)
         return fmha_cuda_forward(&pb, &l->kernel);
 #endif
-    return fmha_cpu_forward(&pb, &l->kernel, &l->ws);
+    st = fmha_cpu_forward(&pb, &l->kernel, &l->ws);
+    if (st == FMHA_STATUS_OK && smooth && args->lse)
+        unsmooth_lse(&pb, args, mean);
+    return st;
 }
 
 fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)

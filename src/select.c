@@ -227,6 +227,7 @@ fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *inf
         return st;
     fmha_config c8 = *cfg;
     c8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    c8.fp8_smooth_k = 0;
     c8.dtype = FMHA_DTYPE_F8_E4M3;
     char why[512] = "";
     int off;
@@ -241,6 +242,9 @@ fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *inf
             st = FMHA_STATUS_UNSUPPORTED;
             snprintf(why, sizeof why, "the CUDA FP8 kernel takes per-tensor or per-KV-head "
                                       "descales, not per-block ones");
+        } else if (st == FMHA_STATUS_OK && info->device == FMHA_DEVICE_CUDA && cfg->fp8_smooth_k) {
+            st = FMHA_STATUS_UNSUPPORTED;
+            snprintf(why, sizeof why, "fp8_smooth_k runs on the CPU only");
         } else if (st == FMHA_STATUS_OK) {
             char per[48] = "tensor";
             if (cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK)
@@ -249,8 +253,10 @@ fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *inf
             if (reason)
                 snprintf(reason, len,
                          "fp8_compute: q, k, v (%s) quantized to f8_e4m3 on each call, one "
-                         "scale per %s; FP8 attention on %s",
-                         fmha_dtype_name(cfg->dtype), per, info->name);
+                         "scale per %s%s; FP8 attention on %s",
+                         fmha_dtype_name(cfg->dtype), per,
+                         cfg->fp8_smooth_k ? ", K's per-channel mean subtracted first" : "",
+                         info->name);
             return FMHA_STATUS_OK;
         } else if (st == FMHA_STATUS_UNSUPPORTED) {
             snprintf(why, sizeof why, "%s", fmha_last_error());

@@ -98,6 +98,7 @@ expect 0 "dequantized inputs.*: ok" -- "$FMHA" run "$T/fp8.safetensors" --dtype 
 expect 0 "fp8 path: FP8 attention is unavailable.*FMHA_FP8_ATTN=0" -- env FMHA_FP8_ATTN=0 "$FMHA" run "$T/fp8.safetensors" --dtype fp8 --check
 expect 0 "fp8q  cpu_" -- "$FMHA" bench --seqlen 70 --heads 2 --head-dim 64 --iters 2 --dtype fp8
 expect 0 "K outliers (4 ch. x20-x100)  per 128-token block" -- "$FMHA" accuracy --seqlen 70 --heads 2 --kv-heads 1 --head-dim 32
+expect 0 "K offsets (4 ch. +20-+100)   per tensor, K smoothed" -- "$FMHA" accuracy --seqlen 70 --heads 2 --kv-heads 1 --head-dim 32
 expect 2 "accuracy takes no input file" -- "$FMHA" accuracy "$T/fp8.safetensors"
 
 # ---- model configs

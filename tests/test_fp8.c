@@ -890,6 +890,80 @@ static void test_compute_errors(void)
     conv_free(&cc);
 }
 
+/* fp8_smooth_k: K's per-channel mean out before quantizing. K gets four
+ * channels offset by +20 .. +100, times a factor per (batch entry, KV head) so
+ * that a mean taken from the wrong one shows. Smoothed, the output is back
+ * at the Gaussian inputs' error and far below the unsmoothed run's; the LSE
+ * is the exact one within FP8's error (uncorrected, it would be off by
+ * scale * q . mean, ~10 here); padded and packed batches, GQA 4/2, causal;
+ * the layer's reason says so, and the output buffers outside out/lse stay
+ * poisoned. */
+static void test_smooth_k(void)
+{
+    static const float offset[4] = {20, 40, 70, 100};
+    tu_rng r = {2024};
+    for (int varlen = 0; varlen < 2; varlen++) {
+        conv_case cc;
+        conv_init(&cc, FMHA_DTYPE_BF16, 150, 260, varlen, FMHA_FP8_COMPUTE_PER_TENSOR, &r);
+        const fmha_tensor *kt = &cc.k.t;
+        for (int64_t b = 0; b < kt->batch; b++)
+            for (int64_t s = 0; s < kt->seqlen; s++)
+                for (int64_t h = 0; h < kt->heads; h++)
+                    for (int j = 0; j < 4; j++) {
+                        const int64_t c = (j * 37 + 5) % kt->head_dim;
+                        const float x = (float)tu_get(&cc.k, b, s, h, c);
+                        set_x(&cc.k, b, s, h, c, x + offset[j] * (float)(1 + b + 2 * h) / 3.0f);
+                    }
+        conv_out ref, plain, smooth;
+        out_init(&ref, &cc, FMHA_DTYPE_F32);
+        out_init(&plain, &cc, FMHA_DTYPE_F32);
+        out_init(&smooth, &cc, FMHA_DTYPE_F32);
+        cc.a.out = ref.out.t;
+        cc.a.lse = ref.lse;
+        TU_CHECK(fmha_reference_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "reference: %s",
+                 fmha_last_error());
+        cc.a.out = plain.out.t;
+        cc.a.lse = plain.lse;
+        TU_CHECK(fmha_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "unsmoothed: %s",
+                 fmha_last_error());
+        fmha_config cs = cc.cfg;
+        cs.fp8_smooth_k = 1;
+        fmha_layer *layer;
+        fmha_status st = fmha_layer_init(&layer, &cs);
+        TU_CHECK(st == FMHA_STATUS_OK, "fp8_smooth_k layer: %s", fmha_last_error());
+        if (st == FMHA_STATUS_OK) {
+            const char *reason;
+            TU_CHECK(fmha_layer_get_path(layer, &reason) == FMHA_LAYER_PATH_FP8 &&
+                         strstr(reason, "K's per-channel mean subtracted first"),
+                     "fp8_smooth_k path: %s", reason);
+            cc.a.out = smooth.out.t;
+            cc.a.lse = smooth.lse;
+            st = fmha_layer_forward(layer, &cc.a);
+            TU_CHECK(st == FMHA_STATUS_OK, "fp8_smooth_k forward: %s", fmha_last_error());
+            fmha_layer_free(layer);
+        }
+        const double ep = tu_rel_l2(&plain.out, &ref.out), es = tu_rel_l2(&smooth.out, &ref.out);
+        TU_CHECK(es < 0.06 && es < ep / 3, "varlen %d: smoothed K %.3g, unsmoothed %.3g from the "
+                 "reference", varlen, es, ep);
+        TU_CHECK(tu_gaps_untouched(&smooth.out, 0xFF), "varlen %d: smoothing wrote outside out",
+                 varlen);
+        double worst = 0;
+        int inf_ok = 1;
+        for (size_t i = 0; i < smooth.nlse; i++) {
+            if (isinf(ref.lse[i]) || isinf(smooth.lse[i]))
+                inf_ok &= ref.lse[i] == smooth.lse[i];
+            else if (fabs(smooth.lse[i] - ref.lse[i]) > worst)
+                worst = fabs(smooth.lse[i] - ref.lse[i]);
+        }
+        TU_CHECK(worst < 0.25 && inf_ok, "varlen %d: smoothed LSE off by %.3g (rows without keys "
+                 "alike: %d)", varlen, worst, inf_ok);
+        out_free(&ref);
+        out_free(&plain);
+        out_free(&smooth);
+        conv_free(&cc);
+    }
+}
+
 int main(void)
 {
     unsetenv("FMHA_FP8_ATTN");
@@ -909,5 +983,6 @@ int main(void)
     test_reference_ignores_compute();
     test_compute_fallback();
     test_compute_errors();
+    test_smooth_k();
     return tu_summary();
 }

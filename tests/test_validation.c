@@ -667,6 +667,24 @@ static void test_fp8_args(void)
     expect("FMHA_FP8_ATTN=yes", &f, INVALID, "FMHA_FP8_ATTN=yes is not 0 (FP8 attention off) or 1",
            AT_INIT, REF_SKIP);
     unsetenv("FMHA_FP8_ATTN");
+
+    /* fp8_smooth_k */
+    fx_init(&f);
+    f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    f.cfg.fp8_smooth_k = 2;
+    expect("fp8_smooth_k 2", &f, INVALID, "fp8_smooth_k (2) must be 0 or 1", AT_INIT, REF_CHECK);
+    fx_init(&f);
+    f.cfg.fp8_smooth_k = 1; /* no effect without fp8_compute, softcap or not */
+    f.cfg.softcap = 30;
+    TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "fp8_smooth_k without fp8_compute: %s",
+             fmha_last_error());
+    fx_init(&f);
+    f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_BLOCK;
+    f.cfg.fp8_smooth_k = 1;
+    f.cfg.softcap = 30;
+    expect("fp8_smooth_k with softcap", &f, INVALID,
+           "which the softmax ignores but softcap (30) does not: set softcap = 0 or fp8_smooth_k = 0",
+           AT_INIT, REF_CHECK);
 }
 
 /* -------------------------------------------------------------- cu_seqlens */

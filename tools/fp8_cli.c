@@ -121,17 +121,20 @@ static uint16_t *bf16_normal(int64_t n, double (*normal)(void))
     return p;
 }
 
-/* Outlier channels like DiT keys': four head-dim channels of every K row
- * scaled by 20, 40, 70 and 100. */
+/* Outlier channels in K: four head-dim channels of every K row scaled by 20,
+ * 40, 70 and 100 (zero-mean), or offset by as much (a per-channel bias, the
+ * usual form of trained models' large K channels). */
 enum { N_OUTLIERS = 4 };
 static const double outlier_gain[N_OUTLIERS] = {20, 40, 70, 100};
 
-static void add_outliers(uint16_t *k, int64_t rows, int64_t d)
+static void add_outliers(uint16_t *k, int64_t rows, int64_t d, int offset)
 {
     for (int64_t r = 0; r < rows; r++)
         for (int j = 0; j < N_OUTLIERS; j++) {
             uint16_t *x = &k[r * d + (j * 37 + 5) % d];
-            *x = fmha_f32_to_bf16((float)(fmha_bf16_to_f32(*x) * outlier_gain[j]));
+            const double y = offset ? fmha_bf16_to_f32(*x) + outlier_gain[j]
+                                    : fmha_bf16_to_f32(*x) * outlier_gain[j];
+            *x = fmha_f32_to_bf16((float)y);
         }
 }
 
@@ -204,18 +207,26 @@ int fp8_accuracy_report(const fmha_config *cfg, int64_t batch, int64_t seqlen_q,
             "relative L2 error over the last %lld query rows of every head; ref = float64 "
             "reference on the bf16 inputs, bf16 = fmha's bf16 path\n",
             (long long)rows);
-    fprintf(out, "%-28s %-21s %11s %12s %12s\n", "inputs", "fp8 scales", "fp8 vs ref",
+    fprintf(out, "%-28s %-26s %11s %12s %12s\n", "inputs", "fp8 scales", "fp8 vs ref",
             "fp8 vs bf16", "bf16 vs ref");
+    static const char *kinds[3] = {"gaussian", "K outliers (4 ch. x20-x100)",
+                                   "K offsets (4 ch. +20-+100)"};
+    /* The layer's own quantization with K smoothed (fp8_smooth_k), per tensor. */
+    fmha_config cs = *cfg;
+    cs.dtype = FMHA_DTYPE_BF16;
+    cs.device = FMHA_DEVICE_CPU;
+    cs.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    cs.fp8_smooth_k = 1;
     int rc = 0;
-    for (int kind = 0; kind < 2 && rc == 0; kind++) {
+    for (int kind = 0; kind < 3 && rc == 0; kind++) {
         uint16_t *q = bf16_normal(nq, normal), *k = bf16_normal(nk, normal),
                  *v = bf16_normal(nv, normal);
         if (!q || !k || !v) {
             fprintf(stderr, "fmha: out of memory for the accuracy report\n");
             rc = 1;
         }
-        if (rc == 0 && kind == 1)
-            add_outliers(k, batch * seqlen_k * hk, d);
+        if (rc == 0 && kind > 0)
+            add_outliers(k, batch * seqlen_k * hk, d, kind == 2);
         fmha_forward_args a;
         memset(&a, 0, sizeof a);
         a.q = fmha_tensor_bshd(q, FMHA_DTYPE_BF16, batch, seqlen_q, h, d);
@@ -243,13 +254,24 @@ int fp8_accuracy_report(const fmha_config *cfg, int64_t batch, int64_t seqlen_q,
                         fmha_status_string(st));
                 rc = 1;
             } else {
-                char what[64];
-                snprintf(what, sizeof what, kind ? "K outliers (4 ch. x20-x100)" : "gaussian");
-                fprintf(out, "%-28s %-21s %11.3e %12.3e %12.3e\n", what, scalings[s].name,
+                fprintf(out, "%-28s %-26s %11.3e %12.3e %12.3e\n", kinds[kind], scalings[s].name,
                         rel_l2(&f.a.out, seqlen_q - rows, &tref, 0, rows),
                         rel_l2(&f.a.out, seqlen_q - rows, &a.out, seqlen_q - rows, rows), e16);
             }
             fp8_args_free(&f);
+        }
+        if (rc == 0 && !cfg->softcap) {
+            fmha_forward_args as = a;
+            as.out = fmha_tensor_bshd(o8, FMHA_DTYPE_BF16, batch, seqlen_q, h, dv);
+            if ((st = fmha_forward(&cs, &as)) != FMHA_STATUS_OK) {
+                fprintf(stderr, "fmha: FP8 attention with K smoothed: %s (%s)\n", fmha_last_error(),
+                        fmha_status_string(st));
+                rc = 1;
+            } else {
+                fprintf(out, "%-28s %-26s %11.3e %12.3e %12.3e\n", kinds[kind],
+                        "per tensor, K smoothed", rel_l2(&as.out, seqlen_q - rows, &tref, 0, rows),
+                        rel_l2(&as.out, seqlen_q - rows, &a.out, seqlen_q - rows, rows), e16);
+            }
         }
         free(q);
         free(k);

@@ -93,11 +93,13 @@ class _Options:
     """The per-layer options of fmha_config, checked for type here and for
     value by libfmha."""
 
-    def __init__(self, causal, softmax_scale, window, softcap, dropout_p, fp8=None):
+    def __init__(self, causal, softmax_scale, window, softcap, dropout_p, fp8=None,
+                 fp8_smooth_k=False):
         self.causal = bool(causal)
         if fp8 not in _FP8_MODES:
             raise ValueError("fp8 must be None, 'per_tensor' or 'per_block', got %r" % (fp8,))
         self.fp8 = fp8
+        self.fp8_smooth_k = bool(fp8_smooth_k)
         if softmax_scale is None:
             self.softmax_scale = 0.0  # libfmha: 0 selects 1 / sqrt(head_dim)
         else:
@@ -126,6 +128,7 @@ class _Options:
         cfg.dropout_p = self.dropout_p
         cfg.device = device
         cfg.fp8_compute = _FP8_MODES[self.fp8]
+        cfg.fp8_smooth_k = int(self.fp8_smooth_k)
         return cfg
 
 
@@ -388,16 +391,20 @@ class Attention:
     libfmha's reason. `fp8_path` tells which path the latest layer took.
     Inputs already in FP8 (float8_e4m3fn, with their descales) need no
     `fp8`: forward() takes them as attention() does, out bfloat16.
+    fp8_smooth_k=True subtracts K's per-channel mean before quantizing (the
+    softmax ignores it; the LSE is corrected), which keeps channels with a
+    large common offset from spoiling K's quantization; it needs softcap 0
+    and runs on the CPU (a CUDA layer falls back to q's dtype).
     """
 
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
                  dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None,
-                 fp8=None):
+                 fp8=None, fp8_smooth_k=False):
         self.num_heads = T.index(num_heads, "num_heads")
         self.head_size = T.index(head_size, "head_size")
         self.num_kv_heads = (self.num_heads if num_kv_heads is None
                              else T.index(num_kv_heads, "num_kv_heads"))
-        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8)
+        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8, fp8_smooth_k)
         self._layers = {}
         self._lock = threading.Lock()
         self._last = None
@@ -416,6 +423,7 @@ class Attention:
     softcap = property(lambda self: self._opts.softcap)
     dropout_p = property(lambda self: self._opts.dropout_p)
     fp8 = property(lambda self: self._opts.fp8)
+    fp8_smooth_k = property(lambda self: self._opts.fp8_smooth_k)
 
     @property
     def fp8_path(self):
@@ -491,4 +499,6 @@ class Attention:
         return ("Attention(num_heads=%d, head_size=%d, num_kv_heads=%d, causal=%s, "
                 "window=%s, softcap=%g, dropout_p=%g%s)"
                 % (self.num_heads, self.head_size, self.num_kv_heads, self.causal, self.window,
-                   self.softcap, self.dropout_p, ", fp8=%r" % self.fp8 if self.fp8 else ""))
+                   self.softcap, self.dropout_p,
+                   (", fp8=%r" % self.fp8 if self.fp8 else "")
+                   + (", fp8_smooth_k=True" if self.fp8_smooth_k else "")))

@@ -80,6 +80,7 @@ class Config(Structure):
         ("cpu_isa", c_int),
         ("num_threads", c_int),
         ("fp8_compute", c_int),
+        ("fp8_smooth_k", c_int),
     ]
 
 

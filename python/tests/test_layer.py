@@ -165,6 +165,28 @@ def test_fp8_layer_per_block(rng):
     assert ref.rel_l2(out, ref.attention(q, k, v)[0]) < 0.08
 
 
+def test_fp8_smooth_k(rng):
+    """K with four offset channels (+20 .. +100): smoothed, the FP8 layer is
+    back at Gaussian-input accuracy; the LSE is the exact one within FP8's
+    error (uncorrected it would be off by scale * q . mean)."""
+    q = ref.make(rng, (1, 96, 4, 32), "f32")
+    k, v = (ref.make(rng, (1, 120, 2, 32), "f32") for _ in range(2))
+    for j, g in enumerate((20, 40, 70, 100)):
+        k[:, :, :, (j * 37 + 5) % 32] += g
+    exact, lse = ref.attention(q, k, v, causal=True)
+    plain = fmha.Attention(4, 32, causal=True, num_kv_heads=2, fp8="per_tensor")
+    smooth = fmha.Attention(4, 32, causal=True, num_kv_heads=2, fp8="per_tensor",
+                            fp8_smooth_k=True)
+    assert "fp8_smooth_k=True" in repr(smooth) and smooth.fp8_smooth_k
+    out_s, lse_s = smooth.forward(q, k, v, return_lse=True)
+    assert "mean subtracted first" in smooth.fp8_path[1]
+    e_smooth, e_plain = ref.rel_l2(out_s, exact), ref.rel_l2(plain.forward(q, k, v), exact)
+    assert e_smooth < 0.08 and e_smooth < e_plain / 3, (e_smooth, e_plain)
+    assert np.max(np.abs(np.asarray(lse_s, np.float64) - lse)) < 0.25
+    with pytest.raises(fmha.InvalidArgumentError, match="set softcap = 0 or fp8_smooth_k = 0"):
+        fmha.Attention(4, 32, softcap=30.0, fp8="per_tensor", fp8_smooth_k=True)
+
+
 def test_fp8_fallback_warns_once(rng, monkeypatch):
     monkeypatch.setenv("FMHA_FP8_ATTN", "0")  # libfmha reads it at each layer's choice
     layer = fmha.Attention(4, 32, fp8="per_tensor")

@@ -158,6 +158,14 @@ static void test_fp8_compute_layer(int varlen)
     TU_CHECK(path == FMHA_LAYER_PATH_FP8, "CUDA fp8_compute path: %s (%s)", fmha_layer_path_name(path),
              why);
     fmha_layer_free(layer);
+    /* K smoothing runs on the CPU only: a CUDA layer falls back and says so. */
+    fmha_config cs = cfg;
+    cs.fp8_smooth_k = 1;
+    TU_CHECK(fmha_layer_init(&layer, &cs) == FMHA_STATUS_OK, "fp8_smooth_k layer: %s", fmha_last_error());
+    TU_CHECK(fmha_layer_get_path(layer, &why) == FMHA_LAYER_PATH_FP8_FALLBACK &&
+                 strstr(why, "fp8_smooth_k runs on the CPU only"),
+             "CUDA fp8_smooth_k path: %s", why);
+    fmha_layer_free(layer);
     tu_rng rng = {77 + varlen};
     const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
     int32_t cu[3] = {0, S - 37, 2 * S};

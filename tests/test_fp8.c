@@ -895,16 +895,18 @@ static void test_compute_errors(void)
  * that a mean taken from the wrong one shows. Smoothed, the output is back
  * at the Gaussian inputs' error and far below the unsmoothed run's; the LSE
  * is the exact one within FP8's error (uncorrected, it would be off by
- * scale * q . mean, ~10 here); padded and packed batches, GQA 4/2, causal;
- * the layer's reason says so, and the output buffers outside out/lse stay
- * poisoned. */
+ * scale * q . mean, ~10 here); padded and packed batches, per-tensor and
+ * per-block scales, bf16 and f32 inputs, GQA 4/2, causal; the layer's reason
+ * says so, and the output buffers outside out/lse stay poisoned. */
 static void test_smooth_k(void)
 {
     static const float offset[4] = {20, 40, 70, 100};
     tu_rng r = {2024};
-    for (int varlen = 0; varlen < 2; varlen++) {
+    for (int run = 0; run < 4; run++) {
+        const int varlen = run % 2;
+        const fmha_fp8_compute mode = run < 2 ? FMHA_FP8_COMPUTE_PER_TENSOR : FMHA_FP8_COMPUTE_PER_BLOCK;
         conv_case cc;
-        conv_init(&cc, FMHA_DTYPE_BF16, 150, 260, varlen, FMHA_FP8_COMPUTE_PER_TENSOR, &r);
+        conv_init(&cc, run < 2 ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32, 150, 260, varlen, mode, &r);
         const fmha_tensor *kt = &cc.k.t;
         for (int64_t b = 0; b < kt->batch; b++)
             for (int64_t s = 0; s < kt->seqlen; s++)
@@ -943,10 +945,9 @@ static void test_smooth_k(void)
             fmha_layer_free(layer);
         }
         const double ep = tu_rel_l2(&plain.out, &ref.out), es = tu_rel_l2(&smooth.out, &ref.out);
-        TU_CHECK(es < 0.06 && es < ep / 3, "varlen %d: smoothed K %.3g, unsmoothed %.3g from the "
-                 "reference", varlen, es, ep);
-        TU_CHECK(tu_gaps_untouched(&smooth.out, 0xFF), "varlen %d: smoothing wrote outside out",
-                 varlen);
+        TU_CHECK(es < 0.06 && es < ep / 3, "run %d: smoothed K %.3g, unsmoothed %.3g from the "
+                 "reference", run, es, ep);
+        TU_CHECK(tu_gaps_untouched(&smooth.out, 0xFF), "run %d: smoothing wrote outside out", run);
         double worst = 0;
         int inf_ok = 1;
         for (size_t i = 0; i < smooth.nlse; i++) {
@@ -955,8 +956,8 @@ static void test_smooth_k(void)
             else if (fabs(smooth.lse[i] - ref.lse[i]) > worst)
                 worst = fabs(smooth.lse[i] - ref.lse[i]);
         }
-        TU_CHECK(worst < 0.25 && inf_ok, "varlen %d: smoothed LSE off by %.3g (rows without keys "
-                 "alike: %d)", varlen, worst, inf_ok);
+        TU_CHECK(worst < 0.25 && inf_ok, "run %d: smoothed LSE off by %.3g (rows without keys "
+                 "alike: %d)", run, worst, inf_ok);
         out_free(&ref);
         out_free(&plain);
         out_free(&smooth);

@@ -119,13 +119,17 @@ typedef enum fmha_device {
 } fmha_device;
 
 /* Instruction set for the CPU backend. AUTO picks the best the CPU and OS
- * support; the environment variable FMHA_CPU_ISA=scalar|avx2|avx512 overrides
- * AUTO (a forced ISA the machine lacks is an error, not a silent downgrade). */
+ * support, except that avx512-bf16 is taken only where vdpbf16ps runs at twice
+ * the FMA's rate (AMD; on Intel CPUs the f32 kernels are faster on bf16 inputs,
+ * see bench/RESULTS.md). The environment variable
+ * FMHA_CPU_ISA=scalar|avx2|avx512|avx512-bf16 overrides AUTO (a forced ISA the
+ * machine lacks is an error, not a silent downgrade). */
 typedef enum fmha_cpu_isa {
     FMHA_CPU_ISA_AUTO = 0,
-    FMHA_CPU_ISA_SCALAR, /* portable C, any CPU */
-    FMHA_CPU_ISA_AVX2,   /* AVX2 + FMA + F16C */
-    FMHA_CPU_ISA_AVX512  /* AVX-512 F/BW/VL; bf16 inputs use vdpbf16ps when AVX512_BF16 is there */
+    FMHA_CPU_ISA_SCALAR,     /* portable C, any CPU */
+    FMHA_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C */
+    FMHA_CPU_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ, f32 arithmetic for every input dtype */
+    FMHA_CPU_ISA_AVX512_BF16 /* as AVX512, with bf16 inputs on vdpbf16ps (AVX512_BF16) */
 } fmha_cpu_isa;
 
 const char *fmha_cpu_isa_name(fmha_cpu_isa isa);

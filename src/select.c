@@ -32,12 +32,17 @@ static fmha_status requested_isa(const fmha_config *cfg, fmha_cpu_isa *isa)
             want = FMHA_CPU_ISA_AVX2;
         else if (!strcasecmp(env, "avx512"))
             want = FMHA_CPU_ISA_AVX512;
+        else if (!strcasecmp(env, "avx512-bf16"))
+            want = FMHA_CPU_ISA_AVX512_BF16;
         else if (strcasecmp(env, "auto"))
             return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                                  "FMHA_CPU_ISA=%s is not one of scalar, avx2, avx512, auto", env);
+                                  "FMHA_CPU_ISA=%s is not one of scalar, avx2, avx512, avx512-bf16, "
+                                  "auto",
+                                  env);
     }
     if (want == FMHA_CPU_ISA_AUTO)
-        want = best;
+        want = best == FMHA_CPU_ISA_AVX512_BF16 && !fmha_cpu_bf16dp_preferred() ? FMHA_CPU_ISA_AVX512
+                                                                                : best;
     if (want > best)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "CPU ISA %s was requested but this CPU/OS supports at most %s",
@@ -192,11 +197,11 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
         return st;
     int id;
     switch (isa) {
-    case FMHA_CPU_ISA_AVX512:
-        id = cfg->dtype == FMHA_DTYPE_BF16 && fmha_cpu_has_avx512_bf16()
-                 ? FMHA_KERNEL_ID_cpu_avx512_bf16dp
-                 : FMHA_KERNEL_ID_cpu_avx512_f32;
+    case FMHA_CPU_ISA_AVX512_BF16:
+        id = cfg->dtype == FMHA_DTYPE_BF16 ? FMHA_KERNEL_ID_cpu_avx512_bf16dp
+                                           : FMHA_KERNEL_ID_cpu_avx512_f32;
         break;
+    case FMHA_CPU_ISA_AVX512: id = FMHA_KERNEL_ID_cpu_avx512_f32; break;
     case FMHA_CPU_ISA_AVX2: id = FMHA_KERNEL_ID_cpu_avx2_f32; break;
     default: id = FMHA_KERNEL_ID_cpu_scalar_f32; break;
     }

@@ -5,6 +5,7 @@
  * config defaults, bf16/f16 conversions, kernel choice and layer reuse. */
 #define _GNU_SOURCE /* setenv, fork */
 
+#include "cpu/cpu.h"
 #include "internal.h"
 #include "testutil.h"
 #ifdef FMHA_HAVE_CUDA
@@ -522,8 +523,8 @@ static void test_config(void)
     expect("cfg.device -1", &f, INVALID, "device (-1) is not a fmha_device value", AT_INIT,
            REF_CHECK);
     fx_init(&f);
-    f.cfg.cpu_isa = (fmha_cpu_isa)4;
-    expect("cfg.cpu_isa 4", &f, INVALID, "cpu_isa (4) is not a fmha_cpu_isa value", AT_INIT,
+    f.cfg.cpu_isa = (fmha_cpu_isa)5;
+    expect("cfg.cpu_isa 5", &f, INVALID, "cpu_isa (5) is not a fmha_cpu_isa value", AT_INIT,
            REF_CHECK);
     fx_init(&f);
     f.cfg.cpu_isa = (fmha_cpu_isa)-3;
@@ -783,8 +784,11 @@ static void test_isa(void)
     fixture f;
     fmha_kernel_info info;
     const fmha_cpu_isa best = fmha_cpu_isa_detect();
-    TU_CHECK(best >= FMHA_CPU_ISA_SCALAR && best <= FMHA_CPU_ISA_AVX512,
+    TU_CHECK(best >= FMHA_CPU_ISA_SCALAR && best <= FMHA_CPU_ISA_AVX512_BF16,
              "fmha_cpu_isa_detect returned %d", (int)best);
+    /* AUTO: the best, but avx512-bf16 only where its kernel is the faster. */
+    const fmha_cpu_isa autoisa =
+        best == FMHA_CPU_ISA_AVX512_BF16 && !fmha_cpu_bf16dp_preferred() ? FMHA_CPU_ISA_AVX512 : best;
 
     fx_init(&f);
     setenv("FMHA_CPU_ISA", "sse9", 1);
@@ -799,7 +803,7 @@ static void test_isa(void)
                  !strcmp(info.name, "cpu_scalar_f32") && info.cpu_isa == FMHA_CPU_ISA_SCALAR,
              "FMHA_CPU_ISA=scalar: %s %s", fmha_last_error(), info.name);
     setenv("FMHA_CPU_ISA", "auto", 1);
-    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK && info.cpu_isa == best,
+    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK && info.cpu_isa == autoisa,
              "FMHA_CPU_ISA=auto: %s", fmha_last_error());
     if (best >= FMHA_CPU_ISA_AVX2) {
         setenv("FMHA_CPU_ISA", "avx2", 1);
@@ -812,30 +816,46 @@ static void test_isa(void)
         expect("FMHA_CPU_ISA=avx512 above detect", &f, UNSUPPORTED,
                "was requested but this CPU/OS supports at most", AT_INIT, REF_SKIP);
     }
+    if (best < FMHA_CPU_ISA_AVX512_BF16) {
+        setenv("FMHA_CPU_ISA", "avx512-bf16", 1);
+        expect("FMHA_CPU_ISA=avx512-bf16 above detect", &f, UNSUPPORTED,
+               "CPU ISA avx512-bf16 was requested but this CPU/OS supports at most", AT_INIT,
+               REF_SKIP);
+    }
     unsetenv("FMHA_CPU_ISA");
 
-    /* Every ISA up to the detected one can be forced and names its kernel. */
-    const char *f32_kernel[4] = {NULL, "cpu_scalar_f32", "cpu_avx2_f32", "cpu_avx512_f32"};
+    /* Every ISA up to the detected one can be forced and names its kernel:
+     * f32 inputs always run f32 arithmetic, bf16 ones vdpbf16ps on avx512-bf16. */
+    const char *f32_kernel[5] = {NULL, "cpu_scalar_f32", "cpu_avx2_f32", "cpu_avx512_f32",
+                                 "cpu_avx512_f32"};
     for (int isa = FMHA_CPU_ISA_SCALAR; isa <= (int)best; isa++) {
         fx_init(&f);
         f.cfg.cpu_isa = (fmha_cpu_isa)isa;
+        const int kisa = isa == FMHA_CPU_ISA_AVX512_BF16 ? FMHA_CPU_ISA_AVX512 : isa; /* kernel's */
         TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK &&
-                     !strcmp(info.name, f32_kernel[isa]) && (int)info.cpu_isa == isa &&
+                     !strcmp(info.name, f32_kernel[isa]) && (int)info.cpu_isa == kisa &&
                      info.device == FMHA_DEVICE_CPU,
                  "forced %s: %s", fmha_cpu_isa_name((fmha_cpu_isa)isa), fmha_last_error());
         poison(&f);
         TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "forced %s forward: %s",
                  fmha_cpu_isa_name((fmha_cpu_isa)isa), fmha_last_error());
+        fmha_config cb = f.cfg;
+        cb.dtype = FMHA_DTYPE_BF16;
+        const char *want = isa == FMHA_CPU_ISA_AVX512_BF16 ? "cpu_avx512_bf16dp" : f32_kernel[isa];
+        TU_CHECK(fmha_kernel_select(&cb, &info) == FMHA_STATUS_OK && !strcmp(info.name, want),
+                 "forced %s, bf16 inputs: %s (want %s)", fmha_cpu_isa_name((fmha_cpu_isa)isa),
+                 info.name, want);
     }
     /* A forced ISA the CPU lacks is an error, not a silent downgrade; only
-     * testable below AVX-512. */
-    if (best < FMHA_CPU_ISA_AVX512) {
+     * testable below the top ISA. */
+    if (best < FMHA_CPU_ISA_AVX512_BF16) {
         fx_init(&f);
-        f.cfg.cpu_isa = FMHA_CPU_ISA_AVX512;
-        expect("forced avx512 above detect", &f, UNSUPPORTED,
-               "CPU ISA avx512 was requested but this CPU/OS supports at most", AT_INIT, REF_SKIP);
+        f.cfg.cpu_isa = FMHA_CPU_ISA_AVX512_BF16;
+        expect("forced avx512-bf16 above detect", &f, UNSUPPORTED,
+               "CPU ISA avx512-bf16 was requested but this CPU/OS supports at most", AT_INIT,
+               REF_SKIP);
     } else {
-        printf("skipped: forcing an ISA above the detected one (this CPU has avx512)\n");
+        printf("skipped: forcing an ISA above the detected one (this CPU has avx512-bf16)\n");
     }
 }
 
@@ -877,7 +897,7 @@ static void test_names(void)
     TU_CHECK(fmha_dtype_size((fmha_dtype)17) == 0 && fmha_dtype_name((fmha_dtype)17) != NULL,
              "unknown dtype must have size 0 and a name");
 
-    const char *isa[4] = {"auto", "scalar", "avx2", "avx512"};
+    const char *isa[5] = {"auto", "scalar", "avx2", "avx512", "avx512-bf16"};
     for (int i = 0; i < 4; i++)
         TU_CHECK(!strcmp(fmha_cpu_isa_name((fmha_cpu_isa)i), isa[i]), "isa %d name %s", i,
                  fmha_cpu_isa_name((fmha_cpu_isa)i));
@@ -1102,7 +1122,10 @@ static void test_success(void)
     TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK, "select: %s",
              fmha_last_error());
     TU_CHECK(info.name != NULL && !strncmp(info.name, "cpu_", 4) &&
-                 info.device == FMHA_DEVICE_CPU && info.cpu_isa == fmha_cpu_isa_detect(),
+                 info.device == FMHA_DEVICE_CPU &&
+                 info.cpu_isa == (fmha_cpu_isa_detect() == FMHA_CPU_ISA_AVX512_BF16
+                                      ? FMHA_CPU_ISA_AVX512 /* f32 inputs: the f32 kernel */
+                                      : fmha_cpu_isa_detect()),
              "kernel %s isa %d", info.name ? info.name : "(null)", (int)info.cpu_isa);
     const fmha_kernel_info *lk = fmha_layer_kernel(layer);
     TU_CHECK(lk && !strcmp(lk->name, info.name) && lk->id == info.id &&

@@ -86,7 +86,7 @@ static double timed(double (*fn)(void), double flops_per_iter_chain, int threads
 double fmha_peak_f32_gflops(int threads)
 {
     fmha_cpu_isa isa = fmha_cpu_isa_detect();
-    if (isa == FMHA_CPU_ISA_AVX512)
+    if (isa >= FMHA_CPU_ISA_AVX512)
         return timed(run_avx512_f32, 32.0, threads);
     if (isa == FMHA_CPU_ISA_AVX2)
         return timed(run_avx2_f32, 16.0, threads);
@@ -96,7 +96,7 @@ double fmha_peak_f32_gflops(int threads)
 double fmha_peak_bf16_gflops(int threads)
 {
     /* The machine's ceiling, whatever ISA a run is forced to. */
-    if (fmha_cpu_isa_detect() != FMHA_CPU_ISA_AVX512 || !__builtin_cpu_supports("avx512bf16"))
+    if (fmha_cpu_isa_detect() != FMHA_CPU_ISA_AVX512_BF16)
         return 0.0;
     return timed(run_avx512_bf16, 64.0, threads);
 }

@@ -122,6 +122,6 @@ def test_struct_layout_matches_the_header(tmp_path):
 
 def test_info():
     info = fmha.info()
-    assert info["cpu_isa"] in ("scalar", "avx2", "avx512")
+    assert info["cpu_isa"] in ("scalar", "avx2", "avx512", "avx512-bf16")
     assert os.path.exists(info["library"])
     assert isinstance(info["cuda_backend"], bool) and isinstance(info["cuda_devices"], list)

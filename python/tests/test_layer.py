@@ -113,9 +113,9 @@ def test_cuda_layer_without_a_gpu():
     assert "use device cpu" in str(e.value)
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512-bf16"])
 def test_every_cpu_isa(rng, monkeypatch, isa):
-    order = ["scalar", "avx2", "avx512"]
+    order = ["scalar", "avx2", "avx512", "avx512-bf16"]
     if order.index(isa) > order.index(fmha.info()["cpu_isa"]):
         pytest.skip("this CPU lacks " + isa)
     monkeypatch.setenv("FMHA_CPU_ISA", isa)  # libfmha reads it at each kernel choice
@@ -124,7 +124,9 @@ def test_every_cpu_isa(rng, monkeypatch, isa):
         q = ref.make(rng, (2, 21, 4, 48), dtype, "bhsd")
         k, v = (ref.make(rng, (2, 30, 2, 48), dtype) for _ in range(2))
         out = layer.forward(q, k, v)
-        assert layer.kernel.startswith("cpu_%s_" % isa)
+        assert layer.kernel.startswith("cpu_%s_" % isa.split("-")[0])  # avx512-bf16: cpu_avx512_*
+        if isa == "avx512-bf16":
+            assert layer.kernel == ("cpu_avx512_bf16dp" if dtype == "bf16" else "cpu_avx512_f32")
         ref.assert_close(out, ref.attention(q, k, v, causal=True, softcap=10.0)[0], dtype)
 
 

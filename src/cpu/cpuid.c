@@ -14,13 +14,15 @@ static uint64_t xgetbv0(void)
 }
 
 typedef struct cpu_features {
-    int avx2_fma, avx512, avx512_bf16;
+    int avx2_fma, avx512, avx512_bf16, amd;
 } cpu_features;
 
 static cpu_features detect(void)
 {
-    cpu_features f = {0, 0, 0};
+    cpu_features f = {0, 0, 0, 0};
     unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) /* vendor "AuthenticAMD": b, d, c */
+        f.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return f;
     int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
@@ -45,12 +47,16 @@ static cpu_features detect(void)
 fmha_cpu_isa fmha_cpu_isa_detect(void)
 {
     cpu_features f = detect();
-    return f.avx512 ? FMHA_CPU_ISA_AVX512 : f.avx2_fma ? FMHA_CPU_ISA_AVX2 : FMHA_CPU_ISA_SCALAR;
+    return f.avx512_bf16 ? FMHA_CPU_ISA_AVX512_BF16
+           : f.avx512    ? FMHA_CPU_ISA_AVX512
+           : f.avx2_fma  ? FMHA_CPU_ISA_AVX2
+                         : FMHA_CPU_ISA_SCALAR;
 }
 
-int fmha_cpu_has_avx512_bf16(void)
+int fmha_cpu_bf16dp_preferred(void)
 {
-    return detect().avx512_bf16;
+    const cpu_features f = detect();
+    return f.avx512_bf16 && f.amd;
 }
 #else
 fmha_cpu_isa fmha_cpu_isa_detect(void)
@@ -58,7 +64,7 @@ fmha_cpu_isa fmha_cpu_isa_detect(void)
     return FMHA_CPU_ISA_SCALAR;
 }
 
-int fmha_cpu_has_avx512_bf16(void)
+int fmha_cpu_bf16dp_preferred(void)
 {
     return 0;
 }
@@ -71,6 +77,7 @@ const char *fmha_cpu_isa_name(fmha_cpu_isa isa)
     case FMHA_CPU_ISA_SCALAR: return "scalar";
     case FMHA_CPU_ISA_AVX2: return "avx2";
     case FMHA_CPU_ISA_AVX512: return "avx512";
+    case FMHA_CPU_ISA_AVX512_BF16: return "avx512-bf16";
     }
     return "unknown";
 }

@@ -129,7 +129,8 @@ typedef enum fmha_cpu_isa {
     FMHA_CPU_ISA_SCALAR,     /* portable C, any CPU */
     FMHA_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C */
     FMHA_CPU_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ, f32 arithmetic for every input dtype */
-    FMHA_CPU_ISA_AVX512_BF16 /* as AVX512, with bf16 inputs on vdpbf16ps (AVX512_BF16) */
+    FMHA_CPU_ISA_AVX512_BF16, /* as AVX512, with bf16 inputs on vdpbf16ps (AVX512_BF16) */
+    FMHA_CPU_ISA_LAST = FMHA_CPU_ISA_AVX512_BF16
 } fmha_cpu_isa;
 
 const char *fmha_cpu_isa_name(fmha_cpu_isa isa);

@@ -19,30 +19,29 @@ static const fmha_kernel_info kernel_table[FMHA_KERNEL_COUNT] = {
 #undef FMHA_CUDA_KERNEL
 };
 
-/* The ISA asked for: the config's, else FMHA_CPU_ISA, else the best there is. */
+/* The ISA asked for: the config's, else FMHA_CPU_ISA (any fmha_cpu_isa_name),
+ * else AUTO's pick. */
 static fmha_status requested_isa(const fmha_config *cfg, fmha_cpu_isa *isa)
 {
     fmha_cpu_isa best = fmha_cpu_isa_detect();
     fmha_cpu_isa want = cfg->cpu_isa;
     const char *env = getenv("FMHA_CPU_ISA");
     if (want == FMHA_CPU_ISA_AUTO && env && *env) {
-        if (!strcasecmp(env, "scalar"))
-            want = FMHA_CPU_ISA_SCALAR;
-        else if (!strcasecmp(env, "avx2"))
-            want = FMHA_CPU_ISA_AVX2;
-        else if (!strcasecmp(env, "avx512"))
-            want = FMHA_CPU_ISA_AVX512;
-        else if (!strcasecmp(env, "avx512-bf16"))
-            want = FMHA_CPU_ISA_AVX512_BF16;
-        else if (strcasecmp(env, "auto"))
-            return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                                  "FMHA_CPU_ISA=%s is not one of scalar, avx2, avx512, avx512-bf16, "
-                                  "auto",
-                                  env);
+        int i = FMHA_CPU_ISA_AUTO;
+        while (i <= FMHA_CPU_ISA_LAST && strcasecmp(env, fmha_cpu_isa_name((fmha_cpu_isa)i)))
+            i++;
+        if (i > FMHA_CPU_ISA_LAST) {
+            char names[128] = "";
+            for (int j = FMHA_CPU_ISA_SCALAR; j <= FMHA_CPU_ISA_LAST; j++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s, ",
+                         fmha_cpu_isa_name((fmha_cpu_isa)j));
+            return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "FMHA_CPU_ISA=%s is not one of %sauto",
+                                  env, names);
+        }
+        want = (fmha_cpu_isa)i;
     }
     if (want == FMHA_CPU_ISA_AUTO)
-        want = best == FMHA_CPU_ISA_AVX512_BF16 && !fmha_cpu_bf16dp_preferred() ? FMHA_CPU_ISA_AVX512
-                                                                                : best;
+        want = fmha_cpu_isa_auto();
     if (want > best)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "CPU ISA %s was requested but this CPU/OS supports at most %s",

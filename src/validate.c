@@ -52,7 +52,7 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
                        (long long)cfg->window_right);
     if (cfg->device != FMHA_DEVICE_CPU && cfg->device != FMHA_DEVICE_CUDA)
         return INVALID("device (%d) is not a fmha_device value", (int)cfg->device);
-    if ((unsigned)cfg->cpu_isa > FMHA_CPU_ISA_AVX512_BF16)
+    if ((unsigned)cfg->cpu_isa > FMHA_CPU_ISA_LAST)
         return INVALID("cpu_isa (%d) is not a fmha_cpu_isa value", (int)cfg->cpu_isa);
     if (cfg->num_threads < 0)
         return INVALID("num_threads (%d) must be >= 0 (0 = OpenMP's default)", cfg->num_threads);

@@ -99,7 +99,7 @@ int main(int argc, char **argv)
     const char *env = getenv("FMHA_TEST_CASES");
     int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 300;
     tu_rng rng = {20261202};
-    fmha_cpu_isa isas[FMHA_CPU_ISA_AVX512_BF16]; /* every ISA but AUTO */
+    fmha_cpu_isa isas[FMHA_CPU_ISA_LAST]; /* every ISA but AUTO */
     int nisa = 0;
     fmha_cpu_isa best = fmha_cpu_isa_detect();
     for (int i = FMHA_CPU_ISA_SCALAR; i <= (int)best; i++)

@@ -514,7 +514,7 @@ static void test_errors(void)
  * and block sizes in turn. */
 static void test_attention_cases(int ncases)
 {
-    fmha_cpu_isa isas[FMHA_CPU_ISA_AVX512_BF16]; /* every ISA but AUTO */
+    fmha_cpu_isa isas[FMHA_CPU_ISA_LAST]; /* every ISA but AUTO */
     int nisa = 0;
     for (int i = FMHA_CPU_ISA_SCALAR; i <= (int)fmha_cpu_isa_detect(); i++)
         isas[nisa++] = (fmha_cpu_isa)i;

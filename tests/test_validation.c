@@ -784,11 +784,12 @@ static void test_isa(void)
     fixture f;
     fmha_kernel_info info;
     const fmha_cpu_isa best = fmha_cpu_isa_detect();
-    TU_CHECK(best >= FMHA_CPU_ISA_SCALAR && best <= FMHA_CPU_ISA_AVX512_BF16,
+    TU_CHECK(best >= FMHA_CPU_ISA_SCALAR && best <= FMHA_CPU_ISA_LAST,
              "fmha_cpu_isa_detect returned %d", (int)best);
     /* AUTO: the best, but avx512-bf16 only where its kernel is the faster. */
-    const fmha_cpu_isa autoisa =
-        best == FMHA_CPU_ISA_AVX512_BF16 && !fmha_cpu_bf16dp_preferred() ? FMHA_CPU_ISA_AVX512 : best;
+    const fmha_cpu_isa autoisa = fmha_cpu_isa_auto();
+    TU_CHECK(autoisa == best || (best == FMHA_CPU_ISA_AVX512_BF16 && autoisa == FMHA_CPU_ISA_AVX512),
+             "AUTO picks %s on a CPU with %s", fmha_cpu_isa_name(autoisa), fmha_cpu_isa_name(best));
 
     fx_init(&f);
     setenv("FMHA_CPU_ISA", "sse9", 1);

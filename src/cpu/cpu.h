@@ -16,15 +16,15 @@
  * their NQ-rounded queries. */
 enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 16 };
 
-/* Whether AUTO takes avx512-bf16 (bf16 inputs on the vdpbf16ps kernel) over
- * avx512 (the f32 one), on a CPU that has both: where vdpbf16ps has twice the
- * FMA's rate. Measured on 2 threads
+/* AUTO's ISA: the best detected, except that avx512-bf16 (bf16 inputs on the
+ * vdpbf16ps kernel) is taken over avx512 (the f32 one) only where vdpbf16ps
+ * has twice the FMA's rate. Measured on 2 threads
  * (bench/RESULTS.md): AMD Zen 5, vdpbf16ps 878-897 GFLOP/s against f32 FMA
  * 472-481, bf16 kernel 1.76x the f32 one; an Intel Xeon VM, vdpbf16ps
  * 117-156 against 230-314, the f32 kernel ~1.4x faster on bf16 inputs. Intel
  * documents vdpbf16ps at the FMA's FLOP rate at best, so AVX512_BF16 on AMD
  * only. */
-int fmha_cpu_bf16dp_preferred(void);
+fmha_cpu_isa fmha_cpu_isa_auto(void);
 
 /* Scratch owned by a layer: one slice per thread, grown on demand. */
 typedef struct fmha_cpu_workspace {

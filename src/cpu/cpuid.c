@@ -44,19 +44,25 @@ static cpu_features detect(void)
     return f;
 }
 
-fmha_cpu_isa fmha_cpu_isa_detect(void)
+static fmha_cpu_isa best_of(const cpu_features *f)
 {
-    cpu_features f = detect();
-    return f.avx512_bf16 ? FMHA_CPU_ISA_AVX512_BF16
-           : f.avx512    ? FMHA_CPU_ISA_AVX512
-           : f.avx2_fma  ? FMHA_CPU_ISA_AVX2
-                         : FMHA_CPU_ISA_SCALAR;
+    return f->avx512_bf16 ? FMHA_CPU_ISA_AVX512_BF16
+           : f->avx512    ? FMHA_CPU_ISA_AVX512
+           : f->avx2_fma  ? FMHA_CPU_ISA_AVX2
+                          : FMHA_CPU_ISA_SCALAR;
 }
 
-int fmha_cpu_bf16dp_preferred(void)
+fmha_cpu_isa fmha_cpu_isa_detect(void)
 {
     const cpu_features f = detect();
-    return f.avx512_bf16 && f.amd;
+    return best_of(&f);
+}
+
+fmha_cpu_isa fmha_cpu_isa_auto(void)
+{
+    const cpu_features f = detect();
+    const fmha_cpu_isa best = best_of(&f);
+    return best == FMHA_CPU_ISA_AVX512_BF16 && !f.amd ? FMHA_CPU_ISA_AVX512 : best;
 }
 #else
 fmha_cpu_isa fmha_cpu_isa_detect(void)
@@ -64,9 +70,9 @@ fmha_cpu_isa fmha_cpu_isa_detect(void)
     return FMHA_CPU_ISA_SCALAR;
 }
 
-int fmha_cpu_bf16dp_preferred(void)
+fmha_cpu_isa fmha_cpu_isa_auto(void)
 {
-    return 0;
+    return FMHA_CPU_ISA_SCALAR;
 }
 #endif
 

@@ -321,11 +321,10 @@ static void smooth_k(const fmha_tensor *k, float *ks, float *mean, double *acc)
 static void unsmooth_lse(const fmha_problem *pb, const fmha_forward_args *args, const float *mean)
 {
     const fmha_tensor *q = &args->q;
-    const int64_t nh = q->heads, d = q->head_dim, group = nh / args->k.heads;
-    const int64_t nb = q->batch, ns = q->seqlen;
+    const int64_t nh = pb->heads, d = pb->d, nb = q->batch, ns = q->seqlen;
     for (int64_t b = 0; b < nb; b++)
         for (int64_t h = 0; h < nh; h++) {
-            const float *m = mean + (b * args->k.heads + h / group) * d;
+            const float *m = mean + (b * pb->kv_heads + h / pb->group) * d;
             float *lse = args->lse + (b * nh + h) * ns; /* packed: b = 0, [heads, total_q] */
             for (int64_t s = 0; s < ns; s++) {
                 const char *row = fmha_row(q, b, s, h);

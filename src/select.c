@@ -241,14 +241,16 @@ fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *inf
         snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
     } else {
         st = fmha_kernel_select(&c8, info);
-        if (st == FMHA_STATUS_OK && info->device == FMHA_DEVICE_CUDA &&
-            cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK) {
+        /* What the CUDA FP8 path does not quantize yet. */
+        const char *lacks = st != FMHA_STATUS_OK || info->device != FMHA_DEVICE_CUDA ? NULL
+                            : cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK
+                                ? "the CUDA FP8 kernel takes per-tensor or per-KV-head descales, not "
+                                  "per-block ones"
+                            : cfg->fp8_smooth_k ? "fp8_smooth_k runs on the CPU only"
+                                                : NULL;
+        if (lacks) {
             st = FMHA_STATUS_UNSUPPORTED;
-            snprintf(why, sizeof why, "the CUDA FP8 kernel takes per-tensor or per-KV-head "
-                                      "descales, not per-block ones");
-        } else if (st == FMHA_STATUS_OK && info->device == FMHA_DEVICE_CUDA && cfg->fp8_smooth_k) {
-            st = FMHA_STATUS_UNSUPPORTED;
-            snprintf(why, sizeof why, "fp8_smooth_k runs on the CPU only");
+            snprintf(why, sizeof why, "%s", lacks);
         } else if (st == FMHA_STATUS_OK) {
             char per[48] = "tensor";
             if (cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK)

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [test] [sanitize] [sass] [ncu] [bench|bench-quick] [fp8|fp8-quick] [cli] [variants] [debug] [quant]
+# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [sched] [fp8|fp8-quick] [cli] [variants] [debug] [quant]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -86,6 +86,14 @@ for step in "$@"; do
         q=""; [ "$step" = fp8-quick ] && q=--quick
         python3 bench/bench_fp8.py --lib build-gpu/libfmha.so $q > "$OUT/bench_fp8.log" 2>&1
         summary+=("bench_fp8 rc=$?"); cat "$OUT/bench_fp8.log" | grep -v "^|" ;;
+    smoke) # one Hopper launch under a short timeout, before anything long
+        timeout 60 build-gpu/fmha run --model flux-1024 --device cuda > "$OUT/smoke.log" 2>&1
+        rc=$?; summary+=("smoke rc=$rc"); tail -3 "$OUT/smoke.log"; [ $rc = 0 ] || break ;;
+    sched) # the Hopper kernel's schedules side by side (FMHA_CUDA_SCHEDULE), fmha alone on the quick shapes
+        for m in tiles persistent split; do
+            echo "== FMHA_CUDA_SCHEDULE=$m"
+            FMHA_CUDA_SCHEDULE=$m timeout 200 python3 bench/bench_cuda.py --lib build-gpu/libfmha.so --quick --no-peers 2>&1 | grep -v "^#"
+        done ;;
     bench|bench-quick)
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1

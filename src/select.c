@@ -130,6 +130,22 @@ fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level)
                               "FMHA_FP8_ACCUM=%s is not one of auto, two_level, single", env);
     return FMHA_STATUS_OK;
 }
+
+fmha_status fmha_cuda_schedule(fmha_schedule *schedule)
+{
+    static const char *names[] = {"tiles", "persistent", "split"};
+    const char *env = getenv("FMHA_CUDA_SCHEDULE");
+    *schedule = FMHA_SCHEDULE_SPLIT;
+    if (!env || !*env)
+        return FMHA_STATUS_OK;
+    for (int i = 0; i < 3; i++)
+        if (!strcasecmp(env, names[i])) {
+            *schedule = (fmha_schedule)i;
+            return FMHA_STATUS_OK;
+        }
+    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                          "FMHA_CUDA_SCHEDULE=%s is not one of tiles, persistent, split", env);
+}
 #endif
 
 /* What every selection starts with: a valid configuration and somewhere to

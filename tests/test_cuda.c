@@ -277,6 +277,34 @@ int main(int argc, char **argv)
                    .device = FMHA_DEVICE_CUDA};
         tcase_run(&c, &rng, run_cuda);
     }
+    /* The Hopper kernel's schedule: more query tiles than one round of 132
+     * SMs, the remainder split along the keys into pieces that a second
+     * kernel merges (hopper_sched); ragged last tiles, GQA, the head dims,
+     * dropout, FP8. The first runs under the sanitizers too. */
+    const struct {
+        int64_t b, sq, sk, h, kv, d;
+        fmha_dtype dt;
+        int causal;
+        double dropout;
+    } sched[] = {
+        {1, 300, 1000, 4, 2, 128, FMHA_DTYPE_BF16, 0, 0.0},  /* 12 tiles in up to 11 pieces each */
+        {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 0, 0.0}, /* 160 tiles, 5 key tiles each */
+        {1, 1100, 600, 31, 31, 64, FMHA_DTYPE_F16, 0, 0.0},  /* 279: two rounds and 15 */
+        {2, 1000, 700, 9, 3, 256, FMHA_DTYPE_BF16, 0, 0.1},
+        {1, 3000, 520, 8, 2, 96, FMHA_DTYPE_BF16, 0, 0.0},
+        {1, 1500, 900, 12, 4, 128, FMHA_DTYPE_F8_E4M3, 0, 0.0},
+        {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 1, 0.0}, /* causal: one block per tile */
+    };
+    for (size_t i = 0; i < sizeof sched / sizeof sched[0] && (i == 0 || !(lenv && !strcmp(lenv, "0"))); i++) {
+        if (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8)
+            continue;
+        tcase c = {.batch = sched[i].b, .sq = sched[i].sq, .sk = sched[i].sk, .heads = sched[i].h,
+                   .kv = sched[i].kv, .d = sched[i].d, .dv = sched[i].d, .dt = sched[i].dt,
+                   .odt = FMHA_DTYPE_BF16, .causal = sched[i].causal, .wl = -1, .wr = -1,
+                   .dropout = sched[i].dropout, .lse = 1, .device = FMHA_DEVICE_CUDA,
+                   .dl = FMHA_DESCALE_PER_KV_HEAD};
+        tcase_run(&c, &rng, run_cuda);
+    }
     /* FP8 over long key ranges, with and without two-level accumulation. */
     for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
         setenv("FMHA_FP8_ACCUM", i % 2 ? "single" : "two_level", 1);

@@ -1236,6 +1236,33 @@ static void test_fp8_accum(void)
              "FMHA_FP8_ACCUM=double: %s", fmha_last_error());
     unsetenv("FMHA_FP8_ACCUM");
 }
+
+/* The Hopper kernel's schedule: split unless FMHA_CUDA_SCHEDULE names another. */
+static void test_cuda_schedule(void)
+{
+    const struct {
+        const char *env;
+        fmha_schedule want;
+    } cases[] = {{NULL, FMHA_SCHEDULE_SPLIT},     {"", FMHA_SCHEDULE_SPLIT},
+                 {"tiles", FMHA_SCHEDULE_TILES},  {"Persistent", FMHA_SCHEDULE_PERSISTENT},
+                 {"split", FMHA_SCHEDULE_SPLIT}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].env)
+            setenv("FMHA_CUDA_SCHEDULE", cases[i].env, 1);
+        else
+            unsetenv("FMHA_CUDA_SCHEDULE");
+        fmha_schedule got = (fmha_schedule)-1;
+        const fmha_status st = fmha_cuda_schedule(&got);
+        TU_CHECK(st == FMHA_STATUS_OK && got == cases[i].want, "FMHA_CUDA_SCHEDULE=%s: %d (%s)",
+                 cases[i].env ? cases[i].env : "(unset)", (int)got, fmha_last_error());
+    }
+    setenv("FMHA_CUDA_SCHEDULE", "stream-k", 1);
+    fmha_schedule got;
+    TU_CHECK(fmha_cuda_schedule(&got) == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "FMHA_CUDA_SCHEDULE=stream-k is not one of tiles, persistent, split"),
+             "FMHA_CUDA_SCHEDULE=stream-k: %s", fmha_last_error());
+    unsetenv("FMHA_CUDA_SCHEDULE");
+}
 #endif
 
 int main(void)
@@ -1254,6 +1281,7 @@ int main(void)
     test_fp8_args();
 #ifdef FMHA_HAVE_CUDA
     test_fp8_accum();
+    test_cuda_schedule();
 #endif
     test_isa();
     test_success();

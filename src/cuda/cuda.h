@@ -44,6 +44,15 @@ fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_prob
 #define FMHA_FP8_TWO_LEVEL_KEYS 16384
 fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level);
 
+/* How the Hopper kernel deals its query tiles to the SMs (cuda_hopper.cu,
+ * hopper_sched), from FMHA_CUDA_SCHEDULE: `tiles`, one block per tile;
+ * `persistent`, one block per SM looping over tiles; `split` (or unset),
+ * persistent with the last, partial round cut along the keys. Causal,
+ * windowed and packed calls always run one block per tile. Any other value
+ * is INVALID_ARGUMENT (select.c). */
+typedef enum { FMHA_SCHEDULE_TILES, FMHA_SCHEDULE_PERSISTENT, FMHA_SCHEDULE_SPLIT } fmha_schedule;
+fmha_status fmha_cuda_schedule(fmha_schedule *schedule);
+
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */
 fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel);

@@ -94,8 +94,9 @@ __device__ __forceinline__ float tanh_fast(float x)
 }
 
 /* One block's queries [m0, m0 + rows) of sequence b, head h, and the keys
- * [kv_begin, kv_end) any of them sees. Both kernels number their blocks the
- * same way: blockIdx = (query block from the end, head, sequence). */
+ * [kv_begin, kv_end) any of them sees. Both kernels number their query blocks
+ * the same way: (query block from the end, head, sequence), in blockIdx for
+ * the portable kernel and as one index for the Hopper one. */
 struct block_span {
     int64_t m0, q0, sq, k0, sk, tb; /* q0, k0: packed offsets; tb: batch index into the tensors */
     int h, b, hk, rows;
@@ -104,16 +105,18 @@ struct block_span {
     int ntiles; /* tiles of BN keys from kv_begin */
 };
 
-/* False when the block lies past its sequence's end. Late query blocks see
+/* Query block `mblock` of head h, sequence b; false when the block lies
+ * past its sequence's end. Late query blocks see
  * the most keys under a causal mask, so they are numbered (and start) first.
  * Tiles start at a multiple of 16 keys: a thread's key pair (2c, 2c + 1) then
  * never straddles two dropout draws of four keys, and the FP8 kernel's V^T
  * permutation (16-key groups) lines up with the tile. */
-__device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM, int BN)
+__device__ __forceinline__ bool block_span_at(block_span &s, const flash_params &p, int BM, int BN,
+                                           int64_t mblock, int h, int b)
 {
-    s.m0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;
-    s.h = blockIdx.y;
-    s.b = blockIdx.z;
+    s.m0 = mblock * BM;
+    s.h = h;
+    s.b = b;
     s.q0 = 0, s.sq = p.sq, s.k0 = 0, s.sk = p.sk, s.tb = s.b;
     if (p.varlen) {
         s.q0 = p.cu_q[s.b];
@@ -135,6 +138,11 @@ __device__ __forceinline__ bool block_span_init(block_span &s, const flash_param
     s.kv_end = s.hi_last;
     s.ntiles = s.kv_end > s.kv_begin ? (int)((s.kv_end - s.kv_begin + BN - 1) / BN) : 0;
     return true;
+}
+
+__device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM, int BN)
+{
+    return block_span_at(s, p, BM, BN, (int64_t)(gridDim.x - 1 - blockIdx.x), blockIdx.y, blockIdx.z);
 }
 
 /* Every row of the block sees every key of [n0, n0 + BN): no mask needed. */

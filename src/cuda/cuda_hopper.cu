@@ -5,6 +5,8 @@
  * softmax in registers (S's accumulator fragment is P's register operand).
  * Every feature of the portable kernel runs here: masks, softcap, GQA,
  * varlen, LSE, dropout (same Philox stream), head_dim_v (zero-padded to D).
+ * A block may run several query tiles in turn, and pieces of tiles split
+ * along the keys (hopper_sched: persistent blocks, split last round).
  *
  * The same kernel takes f8_e4m3 inputs (IN_E4M3): both GEMMs run on FP8
  * wgmma, whose B operand must be K-major, so V is first transposed into
@@ -62,13 +64,16 @@ enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
 #ifndef FMHA_HOPPER_REGS_MMA
 #define FMHA_HOPPER_REGS_MMA 240
 #endif
+/* setmaxnreg moves registers within the block's launch allocation (168 per
+ * thread at 384 threads): a larger total makes the consumers' increase wait
+ * forever. */
+static_assert(FMHA_HOPPER_REGS_LOAD * 128 + FMHA_HOPPER_REGS_MMA * 256 <= 168 * 384,
+              "producer and consumer registers exceed the block's allocation");
 /* FP8:
  *   BN 128: V^T rows are BN keys of one byte, and the 128-byte swizzle that
  *      wgmma reads wants rows of 128 bytes.
  *   STAGES 2: 3 stages tied (759/641/745 against 776/636/745 TFLOP/s on Wan
- *      480p, Flux, FA3 d128).
- *   O staged in a region of its own (the 16-bit kernels reuse Q's rows, which
- *      are only half as wide in FP8). */
+ *      480p, Flux, FA3 d128). */
 template <int D, int IN> struct htile {
     static constexpr bool FP8 = IN == IN_E4M3;
     static constexpr int EB = FP8 ? 1 : 2;   /* bytes per element */
@@ -84,14 +89,97 @@ template <int D, int IN> struct htile {
     static constexpr uint32_t K_BYTES = NCH * BN * 128; /* one stage of K */
     /* One stage of V: 16-bit, like K (whole 64-column chunks); FP8, V^T's D rows of BN keys. */
     static constexpr uint32_t V_BYTES = FP8 ? D * BN : K_BYTES;
-    static constexpr uint32_t O_BYTES = FP8 ? BM * D * 2 : 0; /* 16-bit O staging, FP8 only */
-    static constexpr uint32_t O_OFFSET = Q_BYTES + STAGES * (K_BYTES + V_BYTES);
-    static constexpr uint32_t BAR_OFFSET = O_OFFSET + O_BYTES;
-    static constexpr size_t SMEM = BAR_OFFSET + 8 * (1 + 4 * STAGES) + 1024; /* + alignment slack */
+    /* The epilogue stages 16-bit O in a region of its own where it fits
+     * (the next piece's Q then loads while this one ends), else in Q's rows. */
+    static constexpr uint32_t RING_END = Q_BYTES + STAGES * (K_BYTES + V_BYTES);
+    static constexpr uint32_t BARS = 8 * (2 + 4 * STAGES);
+    static constexpr uint32_t O_ROWS = ((D + 63) / 64) * BM * 128; /* 16-bit O in 64-column chunks */
+    static constexpr uint32_t O_BYTES = RING_END + O_ROWS + BARS + 1024 <= 227 * 1024 ? O_ROWS : 0;
+    static constexpr uint32_t O_OFFSET = O_BYTES ? RING_END : 0;
+    static constexpr uint32_t BAR_OFFSET = RING_END + O_BYTES;
+    static constexpr size_t SMEM = BAR_OFFSET + BARS + 1024; /* + alignment slack */
+    static_assert(O_BYTES || !FP8, "FP8 O is staged in its own region (Q's rows are half as wide)");
 };
+
+/* The work of one launch: T = tiles_x x heads x batch query tiles of BM rows,
+ * tile tau being query block tiles_x - 1 - tau % tiles_x (from the end: under
+ * a causal mask the longest first) of head tau / tiles_x % heads, sequence
+ * tau / (tiles_x heads), run by `ctas` blocks.
+ *   Data-parallel rounds: block c runs tiles c, c + ctas, ... below dp_tiles.
+ *   Split tail (sk_tiles > 0, every tile n key tiles long): the last sk_tiles
+ *   tiles, fewer than one per block, are cut along their keys. Their
+ *   sk_tiles * n key tiles are dealt out as ctas contiguous ranges, one per
+ *   block, so that the blocks end together instead of the last round running
+ *   on a fraction of the SMs. A range, shorter than a tile, touches at most
+ *   two tiles; a piece that is not a whole tile writes O / l (f32) and its
+ *   log2 LSE to slot 2 c + (0 for the block's first piece, 1 for its second),
+ *   and combine_kernel merges each split tile's pieces. */
+struct hopper_sched {
+    int ctas, dp_rounds, dp_tiles, sk_tiles, tiles_x, n;
+    float *part_o, *part_lse; /* [2 ctas][BM][dv], [2 ctas][BM] */
+};
+
+/* Key tiles [t_lo, t_hi) of query tile `tile` (t_hi < 0: all of them), to
+ * partial slot `slot` (< 0: to the output). The schedule's numbers fit 32
+ * bits (plan), which keeps the producer within its 24 registers. */
+struct segment {
+    int tile, t_lo, t_hi, slot;
+};
+
+/* The first split-tail key tile of block c's range. */
+__host__ __device__ __forceinline__ int sk_start(const hopper_sched &s, int c)
+{
+    return (int)((uint32_t)c * (uint32_t)(s.sk_tiles * s.n) / (uint32_t)s.ctas);
+}
+
+/* The block whose range holds split-tail key tile u. */
+__host__ __device__ __forceinline__ int sk_block_of(const hopper_sched &s, int u)
+{
+    const uint32_t units = (uint32_t)(s.sk_tiles * s.n);
+    return (int)(((uint32_t)(u + 1) * (uint32_t)s.ctas + units - 1) / units) - 1;
+}
+
+/* Block c's piece number `item`; false past its last. */
+__device__ __forceinline__ bool next_segment(const hopper_sched &s, int c, int item, segment &g)
+{
+    if (item < s.dp_rounds) {
+        g.tile = c + item * s.ctas;
+        g.t_lo = 0, g.t_hi = -1, g.slot = -1;
+        return g.tile < s.dp_tiles;
+    }
+    const int j = item - s.dp_rounds;
+    if (j > 1 || s.sk_tiles == 0)
+        return false;
+    const int lo = sk_start(s, c), hi = sk_start(s, c + 1);
+    const int u = j == 0 ? lo : (int)((uint32_t)lo / (uint32_t)s.n + 1) * s.n;
+    if (u >= hi)
+        return false;
+    const int r = (int)((uint32_t)u / (uint32_t)s.n);
+    g.tile = s.dp_tiles + r;
+    g.t_lo = u - r * s.n;
+    g.t_hi = min(s.n, hi - r * s.n);
+    g.slot = g.t_lo == 0 && g.t_hi == s.n ? -1 : 2 * c + j;
+    return true;
+}
+
+/* The rows and keys of a piece; false for a query block past its sequence. */
+__device__ __forceinline__ bool tile_span(block_span &bs, const flash_params &p, const hopper_sched &s,
+                                          const segment &g, int BM, int BN)
+{
+    const uint32_t x = (uint32_t)g.tile % (uint32_t)s.tiles_x, hb = (uint32_t)g.tile / (uint32_t)s.tiles_x;
+    if (!block_span_at(bs, p, BM, BN, s.tiles_x - 1 - (int)x, (int)(hb % (uint32_t)p.heads),
+                       (int)(hb / (uint32_t)p.heads)))
+        return false;
+    if (g.t_hi >= 0) {
+        bs.kv_begin += (int64_t)g.t_lo * BN;
+        bs.ntiles = g.t_hi - g.t_lo;
+    }
+    return true;
+}
 
 struct hopper_params {
     flash_params p;
+    hopper_sched s;
     CUtensorMap tq, tk, tv; /* FP8: tv maps V^T */
     int o_vec;              /* out rows take 16-byte stores (16-bit out, aligned) */
     float p_shift;          /* FP8: P is stored times 2^p_shift, to stay above e4m3's subnormals */
@@ -410,20 +498,13 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t sQ = (raw + 1023u) & ~1023u; /* the swizzle repeats every 1024 bytes */
     const uint32_t sK = sQ + TL::Q_BYTES, sV = sK + STAGES * TL::K_BYTES;
-    /* mbarriers: Q full; per stage K full, V full, K empty, V empty. */
+    /* mbarriers: Q full; per stage K full, V full, K empty, V empty; Q empty. */
     const uint32_t bar_q = sQ + TL::BAR_OFFSET;
     auto k_full = [&](int s) { return bar_q + 8u * (1u + s); };
     auto v_full = [&](int s) { return bar_q + 8u * (1u + STAGES + s); };
     auto k_empty = [&](int s) { return bar_q + 8u * (1u + 2 * STAGES + s); };
     auto v_empty = [&](int s) { return bar_q + 8u * (1u + 3 * STAGES + s); };
-
-    block_span bs;
-    if (!block_span_init(bs, p, BM, BN))
-        return;
-    const int64_t m0 = bs.m0, q0 = bs.q0, sq = bs.sq, k0 = bs.k0, sk = bs.sk, tb = bs.tb;
-    const int h = bs.h, b = bs.b, hk = bs.hk, rows = bs.rows;
-    const int64_t kv_begin = bs.kv_begin, kv_end = bs.kv_end;
-    const int ntiles = bs.ntiles;
+    const uint32_t q_empty = bar_q + 8u * (1u + 4 * STAGES);
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -433,46 +514,67 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             mbar_init(k_empty(s), 8); /* one arrival per consumer warp */
             mbar_init(v_empty(s), 8);
         }
+        mbar_init(q_empty, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
+    /* Both sides walk the block's pieces (next_segment) in the same order; g
+     * counts the key tiles through the ring so far, nseg the pieces (Q loads). */
     const int wg = threadIdx.x / 128;
     if (wg == 0) { /* ---------------------------------------------- producer */
         regs_dealloc<FMHA_HOPPER_REGS_LOAD>();
-        if (threadIdx.x == 0) {
+        if (threadIdx.x != 0)
+            return;
+        segment sg;
+        uint32_t g = 0, nseg = 0;
+        for (int item = 0; next_segment(hp.s, blockIdx.x, item, sg); item++) {
+            block_span bs;
+            if (!tile_span(bs, p, hp.s, sg, BM, BN))
+                continue;
+            /* TMA coordinates are 32-bit: the piece in a few registers (24 here). */
+            const int hk = bs.hk, tb = (int)bs.tb, ntiles = bs.ntiles, h = bs.h;
+            const int k_row = (int)(bs.k0 + bs.kv_begin), q_row = (int)(bs.q0 + bs.m0);
+            /* FP8: V^T tiles are one box of D rows x BN keys (vt_start). */
+            const int vt_col = (int)(p.varlen ? vt_start(bs.k0, bs.b) + bs.kv_begin : bs.kv_begin);
             auto load = [&](uint32_t dst, const CUtensorMap *map, int row, uint32_t bar) {
                 mbar_expect_tx(bar, TL::K_BYTES);
                 for (int c = 0; c < NCH; c++)
-                    tma_load(dst + c * BN * 128, map, c * CW, row, hk, (int)tb, bar);
+                    tma_load(dst + c * BN * 128, map, c * CW, row, hk, tb, bar);
             };
-            auto row_of = [&](int t) { return (int)(k0 + kv_begin + (int64_t)t * BN); };
-            /* FP8: V^T tiles are one box of D rows x BN keys (vt_start). */
-            const int64_t vt_col = p.varlen ? vt_start(k0, b) + kv_begin : kv_begin;
+            auto row_of = [&](int t) { return k_row + t * BN; };
             auto load_v = [&](uint32_t dst, int t, uint32_t bar) {
                 if (!TL::FP8)
                     return load(dst, &hp.tv, row_of(t), bar);
                 mbar_expect_tx(bar, TL::V_BYTES);
-                tma_load(dst, &hp.tv, (int)(vt_col + (int64_t)t * BN), 0, hk, p.varlen ? 0 : (int)tb, bar);
+                tma_load(dst, &hp.tv, vt_col + t * BN, 0, hk, p.varlen ? 0 : tb, bar);
             };
+            auto load_k = [&](int t) { /* key tile t of the piece, ring slot g + t */
+                const uint32_t G = g + t, s = G % STAGES;
+                if (G >= STAGES)
+                    mbar_wait(k_empty(s), ((G / STAGES) - 1) & 1);
+                load(sK + s * TL::K_BYTES, &hp.tk, row_of(t), k_full(s));
+            };
+            /* K runs one tile ahead of V, as the consumers use them: K0 K1 V0 K2
+             * V1 ...; the next piece's K0 and Q go in while this one's last
+             * tiles run (Q once the consumers have released it). */
+            if (ntiles > 0)
+                load_k(0);
+            if (nseg > 0)
+                mbar_wait(q_empty, (nseg - 1) & 1);
             mbar_expect_tx(bar_q, TL::Q_BYTES);
             for (int c = 0; c < NCH; c++)
-                tma_load(sQ + c * BM * 128, &hp.tq, c * CW, (int)(q0 + m0), h, (int)tb, bar_q);
-            /* K runs one tile ahead of V, as the consumers use them: K0 K1 V0 K2 V1 ... */
-            if (ntiles > 0)
-                load(sK, &hp.tk, row_of(0), k_full(0));
+                tma_load(sQ + c * BM * 128, &hp.tq, c * CW, q_row, h, tb, bar_q);
             for (int t = 0; t < ntiles; t++) {
-                if (t + 1 < ntiles) {
-                    const int s = (t + 1) % STAGES;
-                    if (t + 1 >= STAGES)
-                        mbar_wait(k_empty(s), (((t + 1) / STAGES) - 1) & 1);
-                    load(sK + s * TL::K_BYTES, &hp.tk, row_of(t + 1), k_full(s));
-                }
-                const int s = t % STAGES;
-                if (t >= STAGES)
-                    mbar_wait(v_empty(s), ((t / STAGES) - 1) & 1);
+                if (t + 1 < ntiles)
+                    load_k(t + 1);
+                const uint32_t G = g + t, s = G % STAGES;
+                if (G >= STAGES)
+                    mbar_wait(v_empty(s), ((G / STAGES) - 1) & 1);
                 load_v(sV + s * TL::V_BYTES, t, v_full(s));
             }
+            g += ntiles;
+            nseg++;
         }
         return;
     }
@@ -483,174 +585,288 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int row0 = cw * 64 + warp * 16 + lane / 4; /* this thread's rows: row0, row0 + 8 */
     const uint32_t q_rows = sQ + cw * 64 * 128;
-    const int64_t seq_head = (int64_t)b * p.heads + h;
     auto release = [&](uint32_t bar) {
         __syncwarp();
         if (lane == 0)
             mbar_arrive(bar);
     };
-    auto tile_n0 = [&](int t) { return kv_begin + (int64_t)t * BN; };
-    auto tile_full = [&](int t) { return block_span_full(bs, tile_n0(t), BN); };
-    auto tile_valid = [&](int t) { return (int)min64(BN, kv_end - tile_n0(t)); };
-
-    /* FP8: q and k's descales scale the scores (before the softcap), v's the
-     * output; P carries a factor 2^p_shift that 1 / l cancels. */
-    float scale_log2 = p.scale_log2, cap_in = p.softcap_in, shift = 0.0f, o_scale = 1.0f;
-    if (TL::FP8) {
-        const int64_t di = p.descale_per_kv_head ? (int64_t)b * p.kv_heads + hk : 0;
-        const float qk = (p.descale_q ? p.descale_q[di] : 1.0f) * (p.descale_k ? p.descale_k[di] : 1.0f);
-        if (p.softcap_out != 0.0f)
-            cap_in *= qk;
-        else
-            scale_log2 *= qk;
-        shift = hp.p_shift;
-        o_scale = p.descale_v ? p.descale_v[di] : 1.0f;
-    }
-
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++)
-        o[i] = 0.0f;
-    float t_acc[D / 2]; /* two-level: one tile's P V (unused, and dropped, otherwise) */
-    float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
-    float alpha[2] = {0.0f, 0.0f}, alpha_p[2] = {0.0f, 0.0f};
-    uint32_t pa[C::PA][4];
-    /* P V of the tile in pa, into O or (two-level) into t_acc. */
-    auto issue_pv = [&](uint32_t v_stage) {
-        if (TWO_LEVEL)
-            C::issue_pv(t_acc, pa, v_stage, 0);
-        else
-            C::issue_pv(o, pa, v_stage, 1);
-    };
-    /* After P V has landed: O in step with the running max. */
-    auto fold_pv = [&]() {
-        if (TWO_LEVEL) {
-            fence_regs<D / 2>(t_acc);
-            C::merge(o, t_acc, alpha_p); /* t_acc's P used alpha_p's max */
-            alpha_p[0] = alpha[0];
-            alpha_p[1] = alpha[1];
-        } else {
-            fence_regs<D / 2>(o);
-        }
-    };
+    /* Q in registers where they are free: not beside dropout's draws or the
+     * two-level accumulator (ptxas: 68 and 160 bytes of spills). */
+    constexpr bool QR = TL::Q_REGS && !DROPOUT && !TWO_LEVEL;
+    /* When the consumers let go of Q's shared memory: QR, once it is in
+     * registers; else after the piece's last S, unless the epilogue stages O
+     * in Q's rows (no room for O's own region), then after the epilogue. */
+    const bool q_late = !QR && TL::O_BYTES == 0 && hp.o_vec;
 
     /* Ping-pong: the two consumers take turns issuing their GEMMs, so one's
      * softmax runs while the other's GEMMs hold the tensor cores. Consumer 1
      * hands the first turn to consumer 0. */
     if (cw == 1)
         named_arrive(BAR_TURN + 0, 256);
-    mbar_wait(bar_q, 0);
-    /* Q in registers where they are free: not beside dropout's draws or the
-     * two-level accumulator (ptxas: 68 and 160 bytes of spills). */
-    constexpr bool QR = TL::Q_REGS && !DROPOUT && !TWO_LEVEL;
-    uint32_t qa[QR ? C::QA : 1][4];
-    if (QR)
-        C::load_q(qa, q_rows, warp, lane);
 
-    if (ntiles > 0) { /* tile 0: S only */
-        float sc[BN / 2];
-        mbar_wait(k_full(0), 0);
-        named_sync(BAR_TURN + cw, 256);
-        wg_fence();
-        C::template issue_scores<QR>(sc, q_rows, qa, sK);
-        wg_commit();
-        named_arrive(BAR_TURN + (1 - cw), 256);
-        wg_wait<0>();
-        fence_regs<BN / 2>(sc);
-        release(k_empty(0));
-        C::mask(sc, p, cap_in, tile_n0(0), tile_valid(0), tile_full(0), row0, rows, m0, sq, sk, lane);
-        C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
-        alpha_p[0] = alpha[0];
-        alpha_p[1] = alpha[1];
-        if (DROPOUT)
-            C::dropout(sc, p, seq_head, m0 + row0, tile_n0(0), lane);
-        C::pack(sc, pa);
-    }
-    /* Tile t: S_t = Q K_t^T and O += P_{t-1} V_{t-1} in flight together; the
-     * softmax of S_t overlaps the second GEMM. */
-    for (int t = 1; t < ntiles; t++) {
-        const int s = t % STAGES, sp = (t - 1) % STAGES;
-        float sc[BN / 2];
-        mbar_wait(k_full(s), (t / STAGES) & 1);
-        named_sync(BAR_TURN + cw, 256);
-        wg_fence();
-        C::template issue_scores<QR>(sc, q_rows, qa, sK + s * TL::K_BYTES);
-        wg_commit();
-        mbar_wait(v_full(sp), ((t - 1) / STAGES) & 1);
-        issue_pv(sV + sp * TL::V_BYTES);
-        wg_commit();
-        named_arrive(BAR_TURN + (1 - cw), 256);
-        wg_wait<1>();
-        fence_regs<BN / 2>(sc);
-        release(k_empty(s));
-        C::mask(sc, p, cap_in, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq, sk, lane);
-        C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
-        wg_wait<0>();
-        fold_pv();
-        release(v_empty(sp));
-        if (!TWO_LEVEL)
-            C::rescale(o, alpha);
-        if (DROPOUT)
-            C::dropout(sc, p, seq_head, m0 + row0, tile_n0(t), lane);
-        C::pack(sc, pa);
-    }
-    if (ntiles > 0) { /* the last tile's O += P V */
-        const int sp = (ntiles - 1) % STAGES;
-        mbar_wait(v_full(sp), ((ntiles - 1) / STAGES) & 1);
-        wg_fence();
-        issue_pv(sV + sp * TL::V_BYTES);
-        wg_commit();
-        wg_wait<0>();
-        fold_pv();
-        release(v_empty(sp));
-    }
+    segment sg;
+    uint32_t g = 0, nseg = 0;
+    for (int item = 0; next_segment(hp.s, blockIdx.x, item, sg); item++) {
+        block_span bs;
+        if (!tile_span(bs, p, hp.s, sg, BM, BN))
+            continue;
+        const int64_t m0 = bs.m0, sq = bs.sq, sk = bs.sk, kv_begin = bs.kv_begin, kv_end = bs.kv_end;
+        const int rows = bs.rows, ntiles = bs.ntiles;
+        const int64_t seq_head = (int64_t)bs.b * p.heads + bs.h;
+        auto tile_n0 = [&](int t) { return kv_begin + (int64_t)t * BN; };
+        auto tile_full = [&](int t) { return block_span_full(bs, tile_n0(t), BN); };
+        auto tile_valid = [&](int t) { return (int)min64(BN, kv_end - tile_n0(t)); };
+        auto stage = [&](int t) { return (g + t) % STAGES; };
+        auto phase = [&](int t) { return ((g + t) / STAGES) & 1; };
+        auto q_done_after_s = [&](int t) { /* t: the key tile whose S has landed */
+            if (!QR && !q_late && t == ntiles - 1)
+                release(q_empty);
+        };
 
-    /* Epilogue: normalise; rows that saw no key are 0 with LSE -inf. */
-    float inv[2];
+        /* FP8: q and k's descales scale the scores (before the softcap), v's the
+         * output; P carries a factor 2^p_shift that 1 / l cancels. */
+        float scale_log2 = p.scale_log2, cap_in = p.softcap_in, shift = 0.0f, o_scale = 1.0f;
+        if (TL::FP8) {
+            const int64_t di = p.descale_per_kv_head ? (int64_t)bs.b * p.kv_heads + bs.hk : 0;
+            const float qk = (p.descale_q ? p.descale_q[di] : 1.0f) * (p.descale_k ? p.descale_k[di] : 1.0f);
+            if (p.softcap_out != 0.0f)
+                cap_in *= qk;
+            else
+                scale_log2 *= qk;
+            shift = hp.p_shift;
+            o_scale = p.descale_v ? p.descale_v[di] : 1.0f;
+        }
+
+        float o[D / 2];
 #pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-        float l = l_row[rh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[rh] = l > 0.0f ? o_scale / l : 0.0f;
-        const int r = row0 + 8 * rh;
-        if (p.lse && lane % 4 == 0 && r < rows)
-            store_lse(p, bs, r, m_row[rh] - shift, l);
-    }
-    if (hp.o_vec) {
-        /* Stage the warpgroup's 64 rows in its own (consumed) Q rows (FP8: the
-         * O region), in 64-column swizzled chunks, then write whole 16-byte
-         * pieces of rows. */
-        unsigned char *smem = smem_raw + (sQ - raw) + (TL::FP8 ? TL::O_OFFSET : 0);
-        const bool out_bf16 = p.out_dtype == FMHA_DTYPE_BF16;
+        for (int i = 0; i < D / 2; i++)
+            o[i] = 0.0f;
+        float t_acc[D / 2]; /* two-level: one tile's P V (unused, and dropped, otherwise) */
+        float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+        float alpha[2] = {0.0f, 0.0f}, alpha_p[2] = {0.0f, 0.0f};
+        uint32_t pa[C::PA][4];
+        /* P V of the tile in pa, into O or (two-level) into t_acc. */
+        auto issue_pv = [&](uint32_t v_stage) {
+            if (TWO_LEVEL)
+                C::issue_pv(t_acc, pa, v_stage, 0);
+            else
+                C::issue_pv(o, pa, v_stage, 1);
+        };
+        /* After P V has landed: O in step with the running max. */
+        auto fold_pv = [&]() {
+            if (TWO_LEVEL) {
+                fence_regs<D / 2>(t_acc);
+                C::merge(o, t_acc, alpha_p); /* t_acc's P used alpha_p's max */
+                alpha_p[0] = alpha[0];
+                alpha_p[1] = alpha[1];
+            } else {
+                fence_regs<D / 2>(o);
+            }
+        };
+
+        mbar_wait(bar_q, nseg & 1);
+        uint32_t qa[QR ? C::QA : 1][4];
+        if (QR) {
+            C::load_q(qa, q_rows, warp, lane);
+            release(q_empty);
+        }
+
+        if (ntiles > 0) { /* tile 0: S only */
+            float sc[BN / 2];
+            mbar_wait(k_full(stage(0)), phase(0));
+            named_sync(BAR_TURN + cw, 256);
+            wg_fence();
+            C::template issue_scores<QR>(sc, q_rows, qa, sK + stage(0) * TL::K_BYTES);
+            wg_commit();
+            named_arrive(BAR_TURN + (1 - cw), 256);
+            wg_wait<0>();
+            fence_regs<BN / 2>(sc);
+            release(k_empty(stage(0)));
+            q_done_after_s(0);
+            C::mask(sc, p, cap_in, tile_n0(0), tile_valid(0), tile_full(0), row0, rows, m0, sq, sk, lane);
+            C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
+            alpha_p[0] = alpha[0];
+            alpha_p[1] = alpha[1];
+            if (DROPOUT)
+                C::dropout(sc, p, seq_head, m0 + row0, tile_n0(0), lane);
+            C::pack(sc, pa);
+        }
+        /* Tile t: S_t = Q K_t^T and O += P_{t-1} V_{t-1} in flight together; the
+         * softmax of S_t overlaps the second GEMM. */
+        for (int t = 1; t < ntiles; t++) {
+            const int s = stage(t), sp = stage(t - 1);
+            float sc[BN / 2];
+            mbar_wait(k_full(s), phase(t));
+            named_sync(BAR_TURN + cw, 256);
+            wg_fence();
+            C::template issue_scores<QR>(sc, q_rows, qa, sK + s * TL::K_BYTES);
+            wg_commit();
+            mbar_wait(v_full(sp), phase(t - 1));
+            issue_pv(sV + sp * TL::V_BYTES);
+            wg_commit();
+            named_arrive(BAR_TURN + (1 - cw), 256);
+            wg_wait<1>();
+            fence_regs<BN / 2>(sc);
+            release(k_empty(s));
+            q_done_after_s(t);
+            C::mask(sc, p, cap_in, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq, sk, lane);
+            C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
+            wg_wait<0>();
+            fold_pv();
+            release(v_empty(sp));
+            if (!TWO_LEVEL)
+                C::rescale(o, alpha);
+            if (DROPOUT)
+                C::dropout(sc, p, seq_head, m0 + row0, tile_n0(t), lane);
+            C::pack(sc, pa);
+        }
+        if (ntiles > 0) { /* the last tile's O += P V */
+            const int sp = stage(ntiles - 1);
+            mbar_wait(v_full(sp), phase(ntiles - 1));
+            wg_fence();
+            issue_pv(sV + sp * TL::V_BYTES);
+            wg_commit();
+            wg_wait<0>();
+            fold_pv();
+            release(v_empty(sp));
+        }
+
+        /* Epilogue: normalise; rows that saw no key are 0 with LSE -inf. A
+         * piece of a split tile leaves O / l and its log2 LSE in its slot. */
+        float inv[2], l_sum[2];
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
+        for (int rh = 0; rh < 2; rh++) {
+            float l = l_row[rh];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l_sum[rh] = l;
+            inv[rh] = l > 0.0f ? o_scale / l : 0.0f;
+        }
+        if (sg.slot >= 0) {
+            float *po = hp.s.part_o + (int64_t)sg.slot * BM * p.dv;
+            float *pl = hp.s.part_lse + (int64_t)sg.slot * BM;
 #pragma unroll
             for (int rh = 0; rh < 2; rh++) {
                 const int r = row0 + 8 * rh;
-                const uint32_t off = (j / 8) * BM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
-                                     (lane % 4) * 4;
-                const float x0 = o[4 * j + 2 * rh] * inv[rh], x1 = o[4 * j + 2 * rh + 1] * inv[rh];
-                *(uint32_t *)(smem + off) = out_bf16 ? pack2<true>(x0, x1) : pack2<false>(x0, x1);
-            }
-        named_sync(BAR_EPILOGUE + cw, 128);
-        const int units = p.dv / 8; /* 16-byte pieces per row */
-        for (int idx = threadIdx.x % 128; idx < 64 * units; idx += 128) {
-            const int r = cw * 64 + idx / units, u = idx % units;
-            if (r >= rows)
-                continue;
-            const uint4 val =
-                *(const uint4 *)(smem + (u / 8) * BM * 128 + r * 128 + (((u % 8) ^ (r % 8)) * 16));
-            *(uint4 *)(block_out_row(p, bs, r) + u * 16) = val;
-        }
-        return;
-    }
+                if (r >= rows)
+                    continue;
+                if (lane % 4 == 0)
+                    pl[r] = l_sum[rh] > 0.0f ? m_row[rh] - shift + log2f(l_sum[rh]) : -INFINITY;
 #pragma unroll
-    for (int rh = 0; rh < 2; rh++) {
-        const int r = row0 + 8 * rh;
-        if (r < rows)
-            store_out_frag<D>(p, block_out_row(p, bs, r), lane,
-                              [&](int j, int e) { return o[4 * j + 2 * rh + e] * inv[rh]; });
+                for (int j = 0; j < D / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = j * 8 + (lane % 4) * 2 + e;
+                        if (c < p.dv)
+                            po[(int64_t)r * p.dv + c] = o[4 * j + 2 * rh + e] * inv[rh];
+                    }
+            }
+        } else {
+#pragma unroll
+            for (int rh = 0; rh < 2; rh++) {
+                const int r = row0 + 8 * rh;
+                if (p.lse && lane % 4 == 0 && r < rows)
+                    store_lse(p, bs, r, m_row[rh] - shift, l_sum[rh]);
+            }
+            if (hp.o_vec) {
+                /* Stage the warpgroup's 64 rows in O's region (or, where it has
+                 * none, in its own consumed Q rows), in 64-column swizzled
+                 * chunks, then write whole 16-byte pieces of rows. */
+                unsigned char *smem = smem_raw + (sQ - raw) + TL::O_OFFSET;
+                const bool out_bf16 = p.out_dtype == FMHA_DTYPE_BF16;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+#pragma unroll
+                    for (int rh = 0; rh < 2; rh++) {
+                        const int r = row0 + 8 * rh;
+                        const uint32_t off = (j / 8) * BM * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16) +
+                                             (lane % 4) * 4;
+                        const float x0 = o[4 * j + 2 * rh] * inv[rh], x1 = o[4 * j + 2 * rh + 1] * inv[rh];
+                        *(uint32_t *)(smem + off) = out_bf16 ? pack2<true>(x0, x1) : pack2<false>(x0, x1);
+                    }
+                named_sync(BAR_EPILOGUE + cw, 128);
+                const int units = p.dv / 8; /* 16-byte pieces per row */
+                for (int idx = threadIdx.x % 128; idx < 64 * units; idx += 128) {
+                    const int r = cw * 64 + idx / units, u = idx % units;
+                    if (r >= rows)
+                        continue;
+                    const uint4 val =
+                        *(const uint4 *)(smem + (u / 8) * BM * 128 + r * 128 + (((u % 8) ^ (r % 8)) * 16));
+                    *(uint4 *)(block_out_row(p, bs, r) + u * 16) = val;
+                }
+            } else {
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++) {
+                    const int r = row0 + 8 * rh;
+                    if (r < rows)
+                        store_out_frag<D>(p, block_out_row(p, bs, r), lane,
+                                          [&](int j, int e) { return o[4 * j + 2 * rh + e] * inv[rh]; });
+                }
+            }
+        }
+        if (q_late || (!QR && ntiles == 0))
+            release(q_empty);
+        g += ntiles;
+        nseg++;
+    }
+}
+
+/* Merges the pieces of each split tile (hopper_sched): block (r, y) takes
+ * rows [32 y, 32 y + 32) of split tile r, O = sum_i 2^(lse_i - max) O_i /
+ * sum_i 2^(lse_i - max). */
+constexpr int COMBINE_ROWS = 32, COMBINE_MAX_BLOCKS = 256; /* the most pieces a tile can have */
+
+__global__ void __launch_bounds__(128) combine_kernel(const flash_params p, const hopper_sched s, int BM)
+{
+    __shared__ int slots[COMBINE_MAX_BLOCKS]; /* block c1 + i's slot in tile r, -1: none */
+    __shared__ float row_max[COMBINE_ROWS], row_inv[COMBINE_ROWS];
+    const int r = blockIdx.x, n = s.n;
+    const int c1 = sk_block_of(s, r * n), c2 = sk_block_of(s, (r + 1) * n - 1);
+    if (c1 == c2) /* one piece: written whole */
+        return;
+    const segment whole = {s.dp_tiles + r, 0, -1, -1};
+    block_span bs;
+    if (!tile_span(bs, p, s, whole, BM, 16))
+        return;
+    const int r0 = blockIdx.y * COMBINE_ROWS;
+    if (r0 >= bs.rows)
+        return;
+    const int rows = min(COMBINE_ROWS, bs.rows - r0), pieces = c2 - c1 + 1;
+    /* Block c's piece of tile r is its first (slot 2 c) if its range starts in r. */
+    for (int i = threadIdx.x; i < pieces; i += blockDim.x) {
+        const int c = c1 + i;
+        const int lo = sk_start(s, c);
+        slots[i] = sk_start(s, c + 1) == lo ? -1 : 2 * c + (lo / n == r ? 0 : 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        const int row = r0 + threadIdx.x;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < pieces; i++)
+            if (slots[i] >= 0)
+                mx = fmaxf(mx, s.part_lse[(int64_t)slots[i] * BM + row]);
+        if (mx != -INFINITY)
+            for (int i = 0; i < pieces; i++)
+                if (slots[i] >= 0)
+                    sum += exp2f(s.part_lse[(int64_t)slots[i] * BM + row] - mx);
+        row_max[threadIdx.x] = mx;
+        row_inv[threadIdx.x] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        if (p.lse)
+            store_lse(p, bs, row, mx, sum);
+    }
+    __syncthreads();
+    const int dv = p.dv;
+    for (int idx = threadIdx.x; idx < rows * dv; idx += blockDim.x) {
+        const int k = idx / dv, row = r0 + k, col = idx % dv;
+        const float mx = row_max[k], inv = row_inv[k];
+        float acc = 0.0f;
+        if (inv > 0.0f)
+            for (int i = 0; i < pieces; i++)
+                if (slots[i] >= 0) {
+                    const int64_t at = (int64_t)slots[i] * BM + row;
+                    acc += exp2f(s.part_lse[at] - mx) * s.part_o[at * dv + col];
+                }
+        store_out(p, block_out_row(p, bs, row), col, acc * inv);
     }
 }
 
@@ -712,19 +928,88 @@ fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int i
     return make_map_raw(map, t.data, type, in == IN_E4M3 ? 1 : 2, dims, strides, box_rows, name);
 }
 
-template <int D, int IN, bool DROPOUT, bool TWO_LEVEL>
-cudaError_t launch_variant(const hopper_params &hp, int64_t max_sq, int batch, cudaStream_t stream)
+cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream);
+
+/* The launch's schedule (hopper_sched) for `resident` blocks at a time, in
+ * FMHA_CUDA_SCHEDULE's mode (cuda.h). A causal, windowed or packed launch
+ * keeps one block per tile: its tiles differ in length, and the GPU's own
+ * block scheduler balances them. */
+hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int BN, int resident,
+                  fmha_schedule mode)
 {
-    static_assert(htile<D, IN>::SMEM <= 227 * 1024, "tile exceeds the 227 KB of shared memory per block");
-    const size_t smem = htile<D, IN>::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(hopper_fwd<D, IN, DROPOUT, TWO_LEVEL>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    hopper_sched s;
+    memset(&s, 0, sizeof s);
+    const int64_t tiles_x = (max_sq + BM - 1) / BM, tiles = tiles_x * p.heads * batch;
+    if (tiles > INT32_MAX / 2) { /* tile numbers stay 32-bit */
+        s.ctas = -1;
+        return s;
+    }
+    s.tiles_x = (int)tiles_x;
+    const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
+    if (!uniform || mode == FMHA_SCHEDULE_TILES || resident < 1) {
+        s.ctas = (int)tiles;
+        s.dp_rounds = 1;
+        s.dp_tiles = (int)tiles;
+        return s;
+    }
+    const int64_t n = (p.sk + BN - 1) / BN, rounds = tiles / resident, rest = tiles % resident;
+    if (mode == FMHA_SCHEDULE_SPLIT && rest > 0 && 5 * rest <= 4 * resident && n >= 4 &&
+        resident <= COMBINE_MAX_BLOCKS && rest * n * (resident + 1) <= INT32_MAX) {
+        /* Split the tail when its round would leave a fifth of the SMs or more idle. */
+        s.ctas = resident;
+        s.dp_rounds = (int)rounds;
+        s.dp_tiles = (int)(rounds * resident);
+        s.sk_tiles = (int)rest;
+        s.n = (int)n;
+    } else {
+        s.ctas = (int)min64(tiles, resident);
+        s.dp_rounds = (int)((tiles + s.ctas - 1) / s.ctas);
+        s.dp_tiles = (int)tiles;
+    }
+    return s;
+}
+
+/* The kernel on its schedule; a split tail's partials live in pooled
+ * scratch until combine_kernel has merged them. */
+template <int D, int IN, bool DROPOUT, bool TWO_LEVEL>
+cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_schedule mode,
+                           cudaStream_t stream)
+{
+    typedef htile<D, IN> TL;
+    static_assert(TL::SMEM <= 227 * 1024, "tile exceeds the 227 KB of shared memory per block");
+    auto kernel = hopper_fwd<D, IN, DROPOUT, TWO_LEVEL>;
+    const size_t smem = TL::SMEM;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int dev = 0, sms = 0, per_sm = 0;
+    if (err == cudaSuccess)
+        err = cudaGetDevice(&dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err == cudaSuccess)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TL::THREADS, smem);
     if (err != cudaSuccess)
         return err;
-    dim3 grid((unsigned)((max_sq + htile<D, IN>::BM - 1) / htile<D, IN>::BM), (unsigned)hp.p.heads,
-              (unsigned)batch);
-    hopper_fwd<D, IN, DROPOUT, TWO_LEVEL><<<grid, htile<D, IN>::THREADS, smem, stream>>>(hp);
-    return cudaGetLastError();
+    hp.s = plan(hp.p, max_sq, batch, TL::BM, TL::BN, sms * per_sm, mode);
+    if (hp.s.ctas <= 0) /* -1: more tiles than the schedule numbers */
+        return hp.s.ctas == 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
+    void *parts = nullptr;
+    if (hp.s.sk_tiles > 0) {
+        const int64_t slots = 2 * (int64_t)hp.s.ctas * TL::BM;
+        if ((err = scratch_alloc(&parts, (size_t)(slots * (hp.p.dv + 1)) * sizeof(float), stream)) != cudaSuccess)
+            return err;
+        hp.s.part_o = (float *)parts;
+        hp.s.part_lse = hp.s.part_o + slots * hp.p.dv;
+    }
+    kernel<<<hp.s.ctas, TL::THREADS, smem, stream>>>(hp);
+    err = cudaGetLastError();
+    if (err == cudaSuccess && hp.s.sk_tiles > 0) {
+        const dim3 grid((unsigned)hp.s.sk_tiles, (unsigned)(TL::BM / COMBINE_ROWS));
+        combine_kernel<<<grid, 128, 0, stream>>>(hp.p, hp.s, TL::BM);
+        err = cudaGetLastError();
+    }
+    if (parts)
+        cudaFreeAsync(parts, stream);
+    return err;
 }
 
 /* ------------------------------------------------------------- FP8 host */
@@ -841,13 +1126,16 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
                  : make_map(&hp.tv, a->v, TL::BN, IN, "v");
     if (st != FMHA_STATUS_OK)
         return st;
+    fmha_schedule mode;
+    if ((st = fmha_cuda_schedule(&mode)) != FMHA_STATUS_OK)
+        return st;
     const int64_t max_sq = pb->max_sq;
     const int batch = (int)pb->batch;
     constexpr bool TWO = TL::FP8 && D <= 128;
     const cudaError_t err =
-        hp.p.drop_threshold ? launch_variant<D, IN, true, false>(hp, max_sq, batch, stream)
-        : two_level && TWO  ? launch_variant<D, IN, false, TWO>(hp, max_sq, batch, stream)
-                            : launch_variant<D, IN, false, false>(hp, max_sq, batch, stream);
+        hp.p.drop_threshold ? launch_variant<D, IN, true, false>(hp, max_sq, batch, mode, stream)
+        : two_level && TWO  ? launch_variant<D, IN, false, TWO>(hp, max_sq, batch, mode, stream)
+                            : launch_variant<D, IN, false, false>(hp, max_sq, batch, mode, stream);
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
 }
 

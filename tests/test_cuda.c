@@ -259,10 +259,14 @@ int main(int argc, char **argv)
             break; /* the chooser's pick was the portable kernel already */
         hopper_seen |= !strcmp(info.name, "cuda_hopper_sm90");
         printf("FMHA_CUDA_KERNEL=%s: %s, %d cases\n", kernels[kn], info.name, ncases);
+        /* The Hopper kernel's three schedules (cuda.h) take turns. */
+        static const char *schedules[] = {"persistent", "split", "tiles"};
         for (int i = 0; i < ncases; i++) {
             tcase c = tcase_random(&rng, i, &space);
+            setenv("FMHA_CUDA_SCHEDULE", schedules[i % 3], 1);
             tcase_run(&c, &rng, run_cuda);
         }
+        unsetenv("FMHA_CUDA_SCHEDULE");
         space.fp8 = 0; /* the FP8 kernel has no portable twin: once is enough */
     }
     unsetenv("FMHA_CUDA_KERNEL");
@@ -277,10 +281,11 @@ int main(int argc, char **argv)
                    .device = FMHA_DEVICE_CUDA};
         tcase_run(&c, &rng, run_cuda);
     }
-    /* The Hopper kernel's schedule: more query tiles than one round of 132
-     * SMs, the remainder split along the keys into pieces that a second
-     * kernel merges (hopper_sched); ragged last tiles, GQA, the head dims,
-     * dropout, FP8. The first runs under the sanitizers too. */
+    /* The Hopper kernel's schedules: more query tiles than one round of 132
+     * SMs, persistent, and with the remainder split along the keys into
+     * pieces that a second kernel merges (hopper_sched); ragged last tiles,
+     * GQA, the head dims, dropout, FP8. The first runs under the sanitizers
+     * too. */
     const struct {
         int64_t b, sq, sk, h, kv, d;
         fmha_dtype dt;
@@ -295,9 +300,12 @@ int main(int argc, char **argv)
         {1, 1500, 900, 12, 4, 128, FMHA_DTYPE_F8_E4M3, 0, 0.0},
         {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 1, 0.0}, /* causal: one block per tile */
     };
-    for (size_t i = 0; i < sizeof sched / sizeof sched[0] && (i == 0 || !(lenv && !strcmp(lenv, "0"))); i++) {
-        if (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8)
+    const char *modes[] = {"persistent", "split"};
+    for (size_t k = 0; k < 2 * (sizeof sched / sizeof sched[0]); k++) {
+        const size_t i = k / 2;
+        if ((i > 0 && lenv && !strcmp(lenv, "0")) || (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8))
             continue;
+        setenv("FMHA_CUDA_SCHEDULE", modes[k % 2], 1);
         tcase c = {.batch = sched[i].b, .sq = sched[i].sq, .sk = sched[i].sk, .heads = sched[i].h,
                    .kv = sched[i].kv, .d = sched[i].d, .dv = sched[i].d, .dt = sched[i].dt,
                    .odt = FMHA_DTYPE_BF16, .causal = sched[i].causal, .wl = -1, .wr = -1,
@@ -305,6 +313,7 @@ int main(int argc, char **argv)
                    .dl = FMHA_DESCALE_PER_KV_HEAD};
         tcase_run(&c, &rng, run_cuda);
     }
+    unsetenv("FMHA_CUDA_SCHEDULE");
     /* FP8 over long key ranges, with and without two-level accumulation. */
     for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
         setenv("FMHA_FP8_ACCUM", i % 2 ? "single" : "two_level", 1);

@@ -192,10 +192,10 @@ __device__ __forceinline__ void mask_frag(const flash_params &p, int r, int rows
 }
 
 /* This thread's part of an output row in both kernels' accumulator layout:
- * x(j, e) (e = 0, 1) is column 8 j + 2 (lane % 4) + e, j < D / 8; columns
- * from dv on are padding and skipped. */
-template <int D, class X>
-__device__ __forceinline__ void store_out_frag(const flash_params &p, char *orow, int lane, X x)
+ * f(c, j, e) for column c = 8 j + 2 (lane % 4) + e (e = 0, 1), j < D / 8;
+ * columns from dv on are padding and skipped. */
+template <int D, class F>
+__device__ __forceinline__ void for_out_frag(const flash_params &p, int lane, F f)
 {
 #pragma unroll
     for (int j = 0; j < D / 8; j++)
@@ -203,8 +203,15 @@ __device__ __forceinline__ void store_out_frag(const flash_params &p, char *orow
         for (int e = 0; e < 2; e++) {
             const int c = j * 8 + (lane % 4) * 2 + e;
             if (c < p.dv)
-                store_out(p, orow, c, x(j, e));
+                f(c, j, e);
         }
+}
+
+/* The row's elements in out's dtype; x(j, e) is column 8 j + 2 (lane % 4) + e. */
+template <int D, class X>
+__device__ __forceinline__ void store_out_frag(const flash_params &p, char *orow, int lane, X x)
+{
+    for_out_frag<D>(p, lane, [&](int c, int j, int e) { store_out(p, orow, c, x(j, e)); });
 }
 
 /* LSE of row r from its running max (log2 domain) and sum; -inf for a row

@@ -752,14 +752,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     continue;
                 if (lane % 4 == 0)
                     pl[r] = l_sum[rh] > 0.0f ? m_row[rh] - shift + log2f(l_sum[rh]) : -INFINITY;
-#pragma unroll
-                for (int j = 0; j < D / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int c = j * 8 + (lane % 4) * 2 + e;
-                        if (c < p.dv)
-                            po[(int64_t)r * p.dv + c] = o[4 * j + 2 * rh + e] * inv[rh];
-                    }
+                for_out_frag<D>(p, lane, [&](int c, int j, int e) {
+                    po[(int64_t)r * p.dv + c] = o[4 * j + 2 * rh + e] * inv[rh];
+                });
             }
         } else {
 #pragma unroll

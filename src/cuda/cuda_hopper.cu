@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <mutex>
 
 namespace {
@@ -175,6 +176,26 @@ __device__ __forceinline__ bool tile_span(block_span &bs, const flash_params &p,
         bs.ntiles = g.t_hi - g.t_lo;
     }
     return true;
+}
+
+/* Walks this block's pieces in order: f(piece, span, g, nseg), g being the
+ * key tiles through the K/V ring before the piece and nseg the pieces (Q
+ * loads) before it. The producer and the consumers both walk with it, so
+ * their ring slots and barrier phases agree. */
+template <class F>
+__device__ __forceinline__ void for_each_piece(const hopper_sched &s, const flash_params &p, int BM, int BN,
+                                               F f)
+{
+    segment sg;
+    uint32_t g = 0, nseg = 0;
+    for (int item = 0; next_segment(s, blockIdx.x, item, sg); item++) {
+        block_span bs;
+        if (!tile_span(bs, p, s, sg, BM, BN))
+            continue;
+        f(sg, bs, g, nseg);
+        g += bs.ntiles;
+        nseg++;
+    }
 }
 
 struct hopper_params {
@@ -519,19 +540,12 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     }
     __syncthreads();
 
-    /* Both sides walk the block's pieces (next_segment) in the same order; g
-     * counts the key tiles through the ring so far, nseg the pieces (Q loads). */
     const int wg = threadIdx.x / 128;
     if (wg == 0) { /* ---------------------------------------------- producer */
         regs_dealloc<FMHA_HOPPER_REGS_LOAD>();
         if (threadIdx.x != 0)
             return;
-        segment sg;
-        uint32_t g = 0, nseg = 0;
-        for (int item = 0; next_segment(hp.s, blockIdx.x, item, sg); item++) {
-            block_span bs;
-            if (!tile_span(bs, p, hp.s, sg, BM, BN))
-                continue;
+        for_each_piece(hp.s, p, BM, BN, [&](const segment &, const block_span &bs, uint32_t g, uint32_t nseg) {
             /* TMA coordinates are 32-bit: the piece in a few registers (24 here). */
             const int hk = bs.hk, tb = (int)bs.tb, ntiles = bs.ntiles, h = bs.h;
             const int k_row = (int)(bs.k0 + bs.kv_begin), q_row = (int)(bs.q0 + bs.m0);
@@ -573,9 +587,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     mbar_wait(v_empty(s), ((G / STAGES) - 1) & 1);
                 load_v(sV + s * TL::V_BYTES, t, v_full(s));
             }
-            g += ntiles;
-            nseg++;
-        }
+        });
         return;
     }
 
@@ -604,12 +616,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     if (cw == 1)
         named_arrive(BAR_TURN + 0, 256);
 
-    segment sg;
-    uint32_t g = 0, nseg = 0;
-    for (int item = 0; next_segment(hp.s, blockIdx.x, item, sg); item++) {
-        block_span bs;
-        if (!tile_span(bs, p, hp.s, sg, BM, BN))
-            continue;
+    for_each_piece(hp.s, p, BM, BN, [&](const segment &sg, const block_span &bs, uint32_t g, uint32_t nseg) {
         const int64_t m0 = bs.m0, sq = bs.sq, sk = bs.sk, kv_begin = bs.kv_begin, kv_end = bs.kv_end;
         const int rows = bs.rows, ntiles = bs.ntiles;
         const int64_t seq_head = (int64_t)bs.b * p.heads + bs.h;
@@ -801,9 +808,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         }
         if (q_late || (!QR && ntiles == 0))
             release(q_empty);
-        g += ntiles;
-        nseg++;
-    }
+    });
 }
 
 /* Merges the pieces of each split tile (hopper_sched): block (r, y) takes
@@ -974,17 +979,27 @@ cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_sc
     static_assert(TL::SMEM <= 227 * 1024, "tile exceeds the 227 KB of shared memory per block");
     auto kernel = hopper_fwd<D, IN, DROPOUT, TWO_LEVEL>;
     const size_t smem = TL::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int dev = 0, sms = 0, per_sm = 0;
-    if (err == cudaSuccess)
-        err = cudaGetDevice(&dev);
-    if (err == cudaSuccess)
-        err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err == cudaSuccess)
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TL::THREADS, smem);
+    /* Once per device: the shared-memory attribute, and how many blocks fit at once. */
+    static std::atomic<int> resident_on[64];
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess)
         return err;
-    hp.s = plan(hp.p, max_sq, batch, TL::BM, TL::BN, sms * per_sm, mode);
+    int resident = dev >= 0 && dev < 64 ? resident_on[dev].load(std::memory_order_relaxed) : 0;
+    if (resident == 0) {
+        int sms = 0, per_sm = 0;
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err == cudaSuccess)
+            err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (err == cudaSuccess)
+            err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TL::THREADS, smem);
+        if (err != cudaSuccess)
+            return err;
+        resident = sms * per_sm;
+        if (dev >= 0 && dev < 64 && resident > 0)
+            resident_on[dev].store(resident, std::memory_order_relaxed);
+    }
+    hp.s = plan(hp.p, max_sq, batch, TL::BM, TL::BN, resident, mode);
     if (hp.s.ctas <= 0) /* -1: more tiles than the schedule numbers */
         return hp.s.ctas == 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
     void *parts = nullptr;

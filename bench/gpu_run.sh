@@ -93,7 +93,7 @@ for step in "$@"; do
         for m in tiles persistent split; do
             echo "== FMHA_CUDA_SCHEDULE=$m"
             FMHA_CUDA_SCHEDULE=$m timeout 200 python3 bench/bench_cuda.py --lib build-gpu/libfmha.so --quick --no-peers 2>&1 | grep -v "^#"
-        done ;;
+        done | tee "$OUT/sched.log" ;;
     bench|bench-quick)
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1

@@ -4,6 +4,7 @@
  * FP8 inputs are their codes' values times their descales, exactly. */
 #include "internal.h"
 
+#include <omp.h>
 #include <stdlib.h>
 
 fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *a)
@@ -15,20 +16,23 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
         return st;
 
     const int64_t d = pb.d, dv = pb.dv;
-    double *scores = malloc(sizeof(double) * (size_t)(pb.max_sk > 0 ? pb.max_sk : 1));
-    double *acc = malloc(sizeof(double) * (size_t)dv);
-    if (!scores || !acc) {
-        free(scores);
-        free(acc);
+    /* (sequence, head) pairs are independent: one thread each, so that the
+     * tests' large cases stay quick; every row's sums run in the same order.
+     * Each thread's scratch is allocated before anything is written. */
+    const int64_t per_thread = (pb.max_sk > 0 ? pb.max_sk : 1) + dv;
+    double *scratch = malloc(sizeof(double) * (size_t)(per_thread * omp_get_max_threads()));
+    if (!scratch)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
-    }
 
+#pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < pb.batch; b++) {
-        int64_t q0, sq, k0, sk;
-        fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
-        /* padded batches index tensor batch b; packed ones token offsets */
-        const int64_t tb = pb.varlen ? 0 : b;
         for (int64_t h = 0; h < pb.heads; h++) {
+            double *scores = scratch + per_thread * omp_get_thread_num();
+            double *acc = scores + (per_thread - dv);
+            int64_t q0, sq, k0, sk;
+            fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
+            /* padded batches index tensor batch b; packed ones token offsets */
+            const int64_t tb = pb.varlen ? 0 : b;
             const int64_t hk = h / pb.group; /* the KV head serving this query head */
             for (int64_t i = 0; i < sq; i++) {
                 const char *qrow = fmha_row(&a->q, tb, q0 + i, h);
@@ -81,7 +85,6 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
             }
         }
     }
-    free(scores);
-    free(acc);
+    free(scratch);
     return FMHA_STATUS_OK;
 }

@@ -274,6 +274,7 @@ int main(int argc, char **argv)
      * them, for the sanitizers). */
     const int64_t longs[][2] = {{1023, 1023}, {4224, 4224}, {1023, 4224}, {4224, 239}};
     const char *lenv = getenv("FMHA_TEST_LONG");
+    printf("long sequences, then the Hopper schedules\n"); /* progress, should one hang */
     for (int i = 0; i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
         tcase c = {.batch = 1, .sq = longs[i][0], .sk = longs[i][1], .heads = 2, .kv = 1,
                    .d = i == 2 ? 64 : 128, .dv = i == 2 ? 64 : 128, .dt = FMHA_DTYPE_BF16,
@@ -315,6 +316,7 @@ int main(int argc, char **argv)
     }
     unsetenv("FMHA_CUDA_SCHEDULE");
     /* FP8 over long key ranges, with and without two-level accumulation. */
+    printf("FP8 over long key ranges, refusals, dropout masks\n");
     for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
         setenv("FMHA_FP8_ACCUM", i % 2 ? "single" : "two_level", 1);
         tcase c = {.batch = 1, .sq = 1023, .sk = 4224, .heads = 2, .kv = 1, .d = 128,

@@ -3,6 +3,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,16 +128,21 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
     /* FP8 on CUDA multiplies P in e4m3, times 2^shift (cuda_hopper.cu); the
      * CPU's FP8 kernels keep P in f32. */
     const int p_e4m3 = p_dtype == FMHA_DTYPE_F8_E4M3 && cfg->device == FMHA_DEVICE_CUDA;
-    float *sc = malloc(sizeof(float) * (size_t)(pb.max_sk + 1));
-    float *acc = malloc(sizeof(float) * (size_t)pb.dv);
+    const int64_t per_thread = pb.max_sk + 1 + pb.dv; /* scores, then the accumulator */
+    float *scratch = malloc(sizeof(float) * (size_t)(per_thread * omp_get_max_threads()));
+    if (!scratch)
+        return -1;
     const float scale = (float)pb.scale;
     const double pmax = pb.drop_threshold ? pb.drop_rescale : 1.0;
     const float p_up = (float)exp2(fmin(8.0, floor(log2(448.0 / pmax))));
+#pragma omp parallel for collapse(2) schedule(dynamic)
     for (int64_t b = 0; b < pb.batch; b++) {
-        int64_t q0, sq, k0, sk;
-        fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
-        const int64_t tb = pb.varlen ? 0 : b;
         for (int64_t h = 0; h < pb.heads; h++) {
+            float *sc = scratch + per_thread * omp_get_thread_num();
+            float *acc = sc + (per_thread - pb.dv);
+            int64_t q0, sq, k0, sk;
+            fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
+            const int64_t tb = pb.varlen ? 0 : b;
             const int64_t hk = h / pb.group;
             for (int64_t i = 0; i < sq; i++) {
                 const char *qr = fmha_row(&a->q, tb, q0 + i, h);
@@ -190,8 +196,7 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
             }
         }
     }
-    free(sc);
-    free(acc);
+    free(scratch);
     return 0;
 }
 

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [sched] [fp8|fp8-quick] [cli] [variants] [debug] [quant]
+# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -94,6 +94,17 @@ for step in "$@"; do
             echo "== FMHA_CUDA_SCHEDULE=$m"
             FMHA_CUDA_SCHEDULE=$m timeout 200 python3 bench/bench_cuda.py --lib build-gpu/libfmha.so --quick --no-peers 2>&1 | grep -v "^#"
         done | tee "$OUT/sched.log" ;;
+    sched-ncu) # kernel durations under each schedule (Nsight Compute, clocks and caches left alone), Flux and FA3 d128
+        for shape in "--model flux-1024" "--batch 1 --seqlen 16384 --heads 16 --kv-heads 16 --head-dim 128"; do
+            for m in persistent split; do
+                echo "== $shape FMHA_CUDA_SCHEDULE=$m"
+                FMHA_CUDA_SCHEDULE=$m timeout 120 ncu --clock-control none --cache-control none \
+                    --kernel-name regex:"hopper_fwd|combine" --launch-skip 4 --launch-count 4 \
+                    --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg \
+                    build-gpu/fmha bench $shape --device cuda --dtype bf16 --iters 3 2>&1 |
+                    grep -E "hopper_fwd|combine_kernel|gpu__time|sm__cycles" | sed -E 's/\(hopper_params\).*|_ZN.*hopper_fwd/hopper_fwd/'
+            done
+        done 2>&1 | tee "$OUT/sched-ncu.log" ;;
     bench|bench-quick)
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1

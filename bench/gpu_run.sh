@@ -101,7 +101,7 @@ for step in "$@"; do
                 FMHA_CUDA_SCHEDULE=$m timeout 120 ncu --clock-control none --cache-control none \
                     --kernel-name regex:"hopper_fwd|combine" --launch-skip 4 --launch-count 4 \
                     --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg \
-                    build-gpu/fmha bench $shape --device cuda --dtype bf16 --iters 3 2>&1 |
+                    build-gpu/fmha bench $shape --device cuda --dtype bf16 --iters 10 2>&1 |
                     grep -E "hopper_fwd|combine_kernel|gpu__time|sm__cycles" | sed -E 's/\(hopper_params\).*|_ZN.*hopper_fwd/hopper_fwd/'
             done
         done 2>&1 | tee "$OUT/sched-ncu.log" ;;

@@ -117,7 +117,8 @@ template <int D, int IN> struct htile {
  *   and combine_kernel merges each split tile's pieces. */
 struct hopper_sched {
     int ctas, dp_rounds, dp_tiles, sk_tiles, tiles_x, n;
-    float *part_o, *part_lse; /* [2 ctas][BM][dv], [2 ctas][BM] */
+    int part_ld;              /* floats per partial row: the kernel's D, a multiple of 8 */
+    float *part_o, *part_lse; /* [2 ctas][BM][part_ld], [2 ctas][BM] */
 };
 
 /* Key tiles [t_lo, t_hi) of query tile `tile` (t_hi < 0: all of them), to
@@ -750,7 +751,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             inv[rh] = l > 0.0f ? o_scale / l : 0.0f;
         }
         if (sg.slot >= 0) {
-            float *po = hp.s.part_o + (int64_t)sg.slot * BM * p.dv;
+            float *po = hp.s.part_o + (int64_t)sg.slot * BM * D;
             float *pl = hp.s.part_lse + (int64_t)sg.slot * BM;
 #pragma unroll
             for (int rh = 0; rh < 2; rh++) {
@@ -760,7 +761,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 if (lane % 4 == 0)
                     pl[r] = l_sum[rh] > 0.0f ? m_row[rh] - shift + log2f(l_sum[rh]) : -INFINITY;
                 for_out_frag<D>(p, lane, [&](int c, int j, int e) {
-                    po[(int64_t)r * p.dv + c] = o[4 * j + 2 * rh + e] * inv[rh];
+                    po[(int64_t)r * D + c] = o[4 * j + 2 * rh + e] * inv[rh];
                 });
             }
         } else {
@@ -812,14 +813,16 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
 }
 
 /* Merges the pieces of each split tile (hopper_sched): block (r, y) takes
- * rows [32 y, 32 y + 32) of split tile r, O = sum_i 2^(lse_i - max) O_i /
- * sum_i 2^(lse_i - max). */
-constexpr int COMBINE_ROWS = 32, COMBINE_MAX_BLOCKS = 256; /* the most pieces a tile can have */
+ * rows [16 y, 16 y + 16) of split tile r, O = sum_i w_i O_i with weights
+ * w_i = 2^(lse_i - max) / sum_j 2^(lse_j - max), kept in shared memory; each
+ * thread then adds up four columns of a row over the pieces, 16-byte loads. */
+constexpr int COMBINE_ROWS = 16, COMBINE_MAX_BLOCKS = 256; /* the most pieces a tile can have */
 
 __global__ void __launch_bounds__(128) combine_kernel(const flash_params p, const hopper_sched s, int BM)
 {
-    __shared__ int slots[COMBINE_MAX_BLOCKS]; /* block c1 + i's slot in tile r, -1: none */
-    __shared__ float row_max[COMBINE_ROWS], row_inv[COMBINE_ROWS];
+    __shared__ int slots[COMBINE_MAX_BLOCKS];                    /* the tile's pieces' slots */
+    __shared__ float weight[COMBINE_ROWS][COMBINE_MAX_BLOCKS];  /* per row and piece */
+    __shared__ int npieces;
     const int r = blockIdx.x, n = s.n;
     const int c1 = sk_block_of(s, r * n), c2 = sk_block_of(s, (r + 1) * n - 1);
     if (c1 == c2) /* one piece: written whole */
@@ -831,42 +834,56 @@ __global__ void __launch_bounds__(128) combine_kernel(const flash_params p, cons
     const int r0 = blockIdx.y * COMBINE_ROWS;
     if (r0 >= bs.rows)
         return;
-    const int rows = min(COMBINE_ROWS, bs.rows - r0), pieces = c2 - c1 + 1;
-    /* Block c's piece of tile r is its first (slot 2 c) if its range starts in r. */
-    for (int i = threadIdx.x; i < pieces; i += blockDim.x) {
-        const int c = c1 + i;
-        const int lo = sk_start(s, c);
-        slots[i] = sk_start(s, c + 1) == lo ? -1 : 2 * c + (lo / n == r ? 0 : 1);
+    const int rows = min(COMBINE_ROWS, bs.rows - r0);
+    /* Block c's piece of tile r is its first (slot 2 c) if its range starts
+     * in r, else its second; blocks with an empty range have none. */
+    if (threadIdx.x == 0) {
+        int k = 0;
+        for (int c = c1; c <= c2; c++) {
+            const int lo = sk_start(s, c);
+            if (sk_start(s, c + 1) != lo)
+                slots[k++] = 2 * c + (lo / n == r ? 0 : 1);
+        }
+        npieces = k;
     }
     __syncthreads();
+    const int pieces = npieces;
+    const float *__restrict__ lse = s.part_lse;
     if (threadIdx.x < rows) {
         const int row = r0 + threadIdx.x;
         float mx = -INFINITY, sum = 0.0f;
         for (int i = 0; i < pieces; i++)
-            if (slots[i] >= 0)
-                mx = fmaxf(mx, s.part_lse[(int64_t)slots[i] * BM + row]);
-        if (mx != -INFINITY)
-            for (int i = 0; i < pieces; i++)
-                if (slots[i] >= 0)
-                    sum += exp2f(s.part_lse[(int64_t)slots[i] * BM + row] - mx);
-        row_max[threadIdx.x] = mx;
-        row_inv[threadIdx.x] = sum > 0.0f ? 1.0f / sum : 0.0f;
+            mx = fmaxf(mx, lse[(int64_t)slots[i] * BM + row]);
+        for (int i = 0; i < pieces; i++) {
+            const float w = mx == -INFINITY ? 0.0f : exp2f(lse[(int64_t)slots[i] * BM + row] - mx);
+            weight[threadIdx.x][i] = w;
+            sum += w;
+        }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int i = 0; i < pieces; i++)
+            weight[threadIdx.x][i] *= inv;
         if (p.lse)
             store_lse(p, bs, row, mx, sum);
     }
     __syncthreads();
-    const int dv = p.dv;
-    for (int idx = threadIdx.x; idx < rows * dv; idx += blockDim.x) {
-        const int k = idx / dv, row = r0 + k, col = idx % dv;
-        const float mx = row_max[k], inv = row_inv[k];
-        float acc = 0.0f;
-        if (inv > 0.0f)
-            for (int i = 0; i < pieces; i++)
-                if (slots[i] >= 0) {
-                    const int64_t at = (int64_t)slots[i] * BM + row;
-                    acc += exp2f(s.part_lse[at] - mx) * s.part_o[at * dv + col];
-                }
-        store_out(p, block_out_row(p, bs, row), col, acc * inv);
+    const int dv = p.dv, groups = (dv + 3) / 4, ld = s.part_ld;
+    const float4 *__restrict__ part = (const float4 *)s.part_o;
+    for (int idx = threadIdx.x; idx < rows * groups; idx += blockDim.x) {
+        const int k = idx / groups, col = 4 * (idx - k * groups), row = r0 + k;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (int i = 0; i < pieces; i++) {
+            const float w = weight[k][i];
+            const float4 x = __ldg(part + (((int64_t)slots[i] * BM + row) * ld + col) / 4);
+            acc.x = fmaf(w, x.x, acc.x), acc.y = fmaf(w, x.y, acc.y);
+            acc.z = fmaf(w, x.z, acc.z), acc.w = fmaf(w, x.w, acc.w);
+        }
+        char *orow = block_out_row(p, bs, row);
+        const float v[4] = {acc.x, acc.y, acc.z, acc.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (col + e < dv)
+                store_out(p, orow, col + e, v[e]);
     }
 }
 
@@ -1005,10 +1022,11 @@ cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_sc
     void *parts = nullptr;
     if (hp.s.sk_tiles > 0) {
         const int64_t slots = 2 * (int64_t)hp.s.ctas * TL::BM;
-        if ((err = scratch_alloc(&parts, (size_t)(slots * (hp.p.dv + 1)) * sizeof(float), stream)) != cudaSuccess)
+        if ((err = scratch_alloc(&parts, (size_t)(slots * (D + 1)) * sizeof(float), stream)) != cudaSuccess)
             return err;
+        hp.s.part_ld = D;
         hp.s.part_o = (float *)parts;
-        hp.s.part_lse = hp.s.part_o + slots * hp.p.dv;
+        hp.s.part_lse = hp.s.part_o + slots * D;
     }
     kernel<<<hp.s.ctas, TL::THREADS, smem, stream>>>(hp);
     err = cudaGetLastError();

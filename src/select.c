@@ -135,7 +135,7 @@ fmha_status fmha_cuda_schedule(fmha_schedule *schedule)
 {
     static const char *names[] = {"tiles", "persistent", "split"};
     const char *env = getenv("FMHA_CUDA_SCHEDULE");
-    *schedule = FMHA_SCHEDULE_PERSISTENT;
+    *schedule = FMHA_SCHEDULE_SPLIT;
     if (!env || !*env)
         return FMHA_STATUS_OK;
     for (int i = 0; i < 3; i++)

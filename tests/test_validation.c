@@ -1237,13 +1237,13 @@ static void test_fp8_accum(void)
     unsetenv("FMHA_FP8_ACCUM");
 }
 
-/* The Hopper kernel's schedule: persistent unless FMHA_CUDA_SCHEDULE names another. */
+/* The Hopper kernel's schedule: split unless FMHA_CUDA_SCHEDULE names another. */
 static void test_cuda_schedule(void)
 {
     const struct {
         const char *env;
         fmha_schedule want;
-    } cases[] = {{NULL, FMHA_SCHEDULE_PERSISTENT}, {"", FMHA_SCHEDULE_PERSISTENT},
+    } cases[] = {{NULL, FMHA_SCHEDULE_SPLIT}, {"", FMHA_SCHEDULE_SPLIT},
                  {"tiles", FMHA_SCHEDULE_TILES},  {"Persistent", FMHA_SCHEDULE_PERSISTENT},
                  {"split", FMHA_SCHEDULE_SPLIT}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

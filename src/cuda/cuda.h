@@ -46,13 +46,12 @@ fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level);
 
 /* How the Hopper kernel deals its query tiles to the SMs (cuda_hopper.cu,
  * hopper_sched), from FMHA_CUDA_SCHEDULE: `tiles`, one block per tile;
- * `persistent` (or unset), one block per SM looping over tiles; `split`,
+ * `persistent`, one block per SM looping over tiles; `split` (or unset),
  * persistent with the last, partial round cut along the keys. Causal,
  * windowed and packed calls always run one block per tile. Measured on the
- * H200 (bench/NOTES.md): persistent ran Flux 4.4% faster than tiles in one
- * process; split's speed against persistent is not yet measured in one
- * process, so it is not the default. Any other value is INVALID_ARGUMENT
- * (select.c). */
+ * H200 (bench/NOTES.md, v5): persistent ran Flux 2-4% faster than tiles;
+ * split, against persistent in one process, ties on Flux and gains 1.6-2.1%
+ * on FA3's d128 grid. Any other value is INVALID_ARGUMENT (select.c). */
 typedef enum { FMHA_SCHEDULE_TILES, FMHA_SCHEDULE_PERSISTENT, FMHA_SCHEDULE_SPLIT } fmha_schedule;
 fmha_status fmha_cuda_schedule(fmha_schedule *schedule);
 

@@ -710,6 +710,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             C::template issue_scores<QR>(sc, q_rows, qa, sK + s * TL::K_BYTES);
             wg_commit();
             mbar_wait(v_full(sp), phase(t - 1));
+            wg_fence(); /* the barrier's wait loop ends the fenced group S_t was issued in */
             issue_pv(sV + sp * TL::V_BYTES);
             wg_commit();
             named_arrive(BAR_TURN + (1 - cw), 256);

@@ -14,6 +14,7 @@
  * match the order in which S's accumulator fragment hands P to the second
  * GEMM. The descales fold into the softmax scale and the final 1 / l. */
 #include "cuda_common.cuh"
+#include "hopper_sched.cuh"
 
 #include <cuda.h> /* CUtensorMap */
 #include <cudaTypedefs.h>
@@ -101,68 +102,6 @@ template <int D, int IN> struct htile {
     static constexpr size_t SMEM = BAR_OFFSET + BARS + 1024; /* + alignment slack */
     static_assert(O_BYTES || !FP8, "FP8 O is staged in its own region (Q's rows are half as wide)");
 };
-
-/* The work of one launch: T = tiles_x x heads x batch query tiles of BM rows,
- * tile tau being query block tiles_x - 1 - tau % tiles_x (from the end: under
- * a causal mask the longest first) of head tau / tiles_x % heads, sequence
- * tau / (tiles_x heads), run by `ctas` blocks.
- *   Data-parallel rounds: block c runs tiles c, c + ctas, ... below dp_tiles.
- *   Split tail (sk_tiles > 0, every tile n key tiles long): the last sk_tiles
- *   tiles, fewer than one per block, are cut along their keys. Their
- *   sk_tiles * n key tiles are dealt out as ctas contiguous ranges, one per
- *   block, so that the blocks end together instead of the last round running
- *   on a fraction of the SMs. A range, shorter than a tile, touches at most
- *   two tiles; a piece that is not a whole tile writes O / l (f32) and its
- *   log2 LSE to slot 2 c + (0 for the block's first piece, 1 for its second),
- *   and combine_kernel merges each split tile's pieces. */
-struct hopper_sched {
-    int ctas, dp_rounds, dp_tiles, sk_tiles, tiles_x, n;
-    int part_ld;              /* floats per partial row: the kernel's D, a multiple of 8 */
-    float *part_o, *part_lse; /* [2 ctas][BM][part_ld], [2 ctas][BM] */
-};
-
-/* Key tiles [t_lo, t_hi) of query tile `tile` (t_hi < 0: all of them), to
- * partial slot `slot` (< 0: to the output). The schedule's numbers fit 32
- * bits (plan), which keeps the producer within its 24 registers. */
-struct segment {
-    int tile, t_lo, t_hi, slot;
-};
-
-/* The first split-tail key tile of block c's range. */
-__host__ __device__ __forceinline__ int sk_start(const hopper_sched &s, int c)
-{
-    return (int)((uint32_t)c * (uint32_t)(s.sk_tiles * s.n) / (uint32_t)s.ctas);
-}
-
-/* The block whose range holds split-tail key tile u. */
-__host__ __device__ __forceinline__ int sk_block_of(const hopper_sched &s, int u)
-{
-    const uint32_t units = (uint32_t)(s.sk_tiles * s.n);
-    return (int)(((uint32_t)(u + 1) * (uint32_t)s.ctas + units - 1) / units) - 1;
-}
-
-/* Block c's piece number `item`; false past its last. */
-__device__ __forceinline__ bool next_segment(const hopper_sched &s, int c, int item, segment &g)
-{
-    if (item < s.dp_rounds) {
-        g.tile = c + item * s.ctas;
-        g.t_lo = 0, g.t_hi = -1, g.slot = -1;
-        return g.tile < s.dp_tiles;
-    }
-    const int j = item - s.dp_rounds;
-    if (j > 1 || s.sk_tiles == 0)
-        return false;
-    const int lo = sk_start(s, c), hi = sk_start(s, c + 1);
-    const int u = j == 0 ? lo : (int)((uint32_t)lo / (uint32_t)s.n + 1) * s.n;
-    if (u >= hi)
-        return false;
-    const int r = (int)((uint32_t)u / (uint32_t)s.n);
-    g.tile = s.dp_tiles + r;
-    g.t_lo = u - r * s.n;
-    g.t_hi = min(s.n, hi - r * s.n);
-    g.slot = g.t_lo == 0 && g.t_hi == s.n ? -1 : 2 * c + j;
-    return true;
-}
 
 /* The rows and keys of a piece; false for a query block past its sequence. */
 __device__ __forceinline__ bool tile_span(block_span &bs, const flash_params &p, const hopper_sched &s,
@@ -817,15 +756,16 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
  * rows [16 y, 16 y + 16) of split tile r, O = sum_i w_i O_i with weights
  * w_i = 2^(lse_i - max) / sum_j 2^(lse_j - max), kept in shared memory; each
  * thread then adds up four columns of a row over the pieces, 16-byte loads. */
-constexpr int COMBINE_ROWS = 16, COMBINE_MAX_BLOCKS = 256; /* the most pieces a tile can have */
+constexpr int COMBINE_ROWS = 16;
 
 __global__ void __launch_bounds__(128) combine_kernel(const flash_params p, const hopper_sched s, int BM)
 {
-    __shared__ int slots[COMBINE_MAX_BLOCKS];                    /* the tile's pieces' slots */
-    __shared__ float weight[COMBINE_ROWS][COMBINE_MAX_BLOCKS];  /* per row and piece */
+    __shared__ int slots[SCHED_MAX_SPLIT_BLOCKS];                   /* the tile's pieces' slots */
+    __shared__ float weight[COMBINE_ROWS][SCHED_MAX_SPLIT_BLOCKS];  /* per row and piece */
     __shared__ int npieces;
-    const int r = blockIdx.x, n = s.n;
-    const int c1 = sk_block_of(s, r * n), c2 = sk_block_of(s, (r + 1) * n - 1);
+    const int r = blockIdx.x;
+    int c1, c2;
+    split_blocks(s, r, c1, c2);
     if (c1 == c2) /* one piece: written whole */
         return;
     const segment whole = {s.dp_tiles + r, 0, -1, -1};
@@ -836,14 +776,12 @@ __global__ void __launch_bounds__(128) combine_kernel(const flash_params p, cons
     if (r0 >= bs.rows)
         return;
     const int rows = min(COMBINE_ROWS, bs.rows - r0);
-    /* Block c's piece of tile r is its first (slot 2 c) if its range starts
-     * in r, else its second; blocks with an empty range have none. */
     if (threadIdx.x == 0) {
         int k = 0;
         for (int c = c1; c <= c2; c++) {
-            const int lo = sk_start(s, c);
-            if (sk_start(s, c + 1) != lo)
-                slots[k++] = 2 * c + (lo / n == r ? 0 : 1);
+            const int slot = piece_slot(s, c, r);
+            if (slot >= 0)
+                slots[k++] = slot;
         }
         npieces = k;
     }
@@ -948,43 +886,14 @@ fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int i
 
 cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream);
 
-/* The launch's schedule (hopper_sched) for `resident` blocks at a time, in
- * FMHA_CUDA_SCHEDULE's mode (cuda.h). A causal, windowed or packed launch
- * keeps one block per tile: its tiles differ in length, and the GPU's own
- * block scheduler balances them. */
+/* The launch's schedule (hopper_sched.cuh) for `resident` blocks at a time,
+ * in FMHA_CUDA_SCHEDULE's mode (cuda.h). */
 hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int BN, int resident,
                   fmha_schedule mode)
 {
-    hopper_sched s;
-    memset(&s, 0, sizeof s);
-    const int64_t tiles_x = (max_sq + BM - 1) / BM, tiles = tiles_x * p.heads * batch;
-    if (tiles > INT32_MAX / 2) { /* tile numbers stay 32-bit */
-        s.ctas = -1;
-        return s;
-    }
-    s.tiles_x = (int)tiles_x;
+    const int64_t tiles_x = (max_sq + BM - 1) / BM;
     const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
-    if (!uniform || mode == FMHA_SCHEDULE_TILES || resident < 1) {
-        s.ctas = (int)tiles;
-        s.dp_rounds = 1;
-        s.dp_tiles = (int)tiles;
-        return s;
-    }
-    const int64_t n = (p.sk + BN - 1) / BN, rounds = tiles / resident, rest = tiles % resident;
-    if (mode == FMHA_SCHEDULE_SPLIT && rest > 0 && 5 * rest <= 4 * resident && n >= 4 &&
-        resident <= COMBINE_MAX_BLOCKS && rest * n * (resident + 1) <= INT32_MAX) {
-        /* Split the tail when its round would leave a fifth of the SMs or more idle. */
-        s.ctas = resident;
-        s.dp_rounds = (int)rounds;
-        s.dp_tiles = (int)(rounds * resident);
-        s.sk_tiles = (int)rest;
-        s.n = (int)n;
-    } else {
-        s.ctas = (int)min64(tiles, resident);
-        s.dp_rounds = (int)((tiles + s.ctas - 1) / s.ctas);
-        s.dp_tiles = (int)tiles;
-    }
-    return s;
+    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform, mode);
 }
 
 /* The kernel on its schedule; a split tail's partials live in pooled

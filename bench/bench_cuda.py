@@ -3,7 +3,9 @@ FlashAttention-2, cuDNN) in the same process on the same inputs, for the model
 shapes of shared/models.md and the FlashAttention-3 grid. fmha is called
 through ctypes on build/libfmha.so; torch tensors are [B, H, S, D] contiguous
 and fmha reads the same memory as BHSD views. Prints a table of TFLOP/s,
-the ratio to each peer, and fmha's relative L2 error against torch flash.
+the ratio to each peer, fmha's relative L2 error against torch flash, and the
+median SM clock and board power while fmha and cuDNN were timed (NVML,
+gpu_clock.py; nan where the driver's NVML is missing).
 
 usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--out FILE.md]
 
@@ -22,6 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_clock import ClockSampler  # noqa: E402
 
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
 SHAPES = [
@@ -169,13 +174,15 @@ def main():
         ref = sdpa(SDPBackend.FLASH_ATTENTION)()
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         fl = flops(b, sq, sk, h, d, causal)
-        t = {}
+        t, clk = {}, {}
         impls = [("fmha", run_fmha), ("portable", run_portable),
                  ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                  ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
         for label, fn in impls[:2] if opt.no_peers else impls:
             try:
-                t[label] = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                with ClockSampler() as sampler:
+                    t[label] = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                clk[label] = sampler.result()
             except Exception as e:  # a backend that refuses a shape
                 t[label] = math.nan
                 print(f"{name}: {label}: {str(e).splitlines()[0]}")
@@ -184,18 +191,21 @@ def main():
         t.setdefault("flash", math.nan)
         t.setdefault("cudnn", math.nan)
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
-        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err))
+        nan2 = (math.nan, math.nan)
+        (mf, wf), (mc, wc) = clk.get("fmha", nan2), clk.get("cudnn", nan2)
+        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err, mf, mc, wf, wc))
         print(f"{name:22s} fmha {tf['fmha']:6.1f}  portable {tf['portable']:6.1f}"
               f"  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
-              f"  relL2 {err:.1e}", flush=True)
+              f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}", flush=True)
         del q, k, v, out, ref
 
     table = ["| shape | fmha TFLOP/s | fmha portable | torch flash (FA2) | torch cuDNN | fmha / flash "
-             "| fmha / cuDNN | rel. L2 vs flash |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, a, pt, fl2, cu, err in rows:
+             "| fmha / cuDNN | rel. L2 vs flash | SM MHz fmha / cuDNN | W fmha / cuDNN |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, a, pt, fl2, cu, err, mf, mc, wf, wc in rows:
         table.append(f"| {name} | {a:.1f} | {pt:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} "
-                     f"| {a / cu:.2f} | {err:.1e} |")
+                     f"| {a / cu:.2f} | {err:.1e} | {mf:.0f} / {mc:.0f} | {wf:.0f} / {wc:.0f} |")
     print("\n".join(table))
     if opt.out:
         with open(opt.out, "w") as f:

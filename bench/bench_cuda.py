@@ -7,7 +7,12 @@ the ratio to each peer, fmha's relative L2 error against torch flash, and the
 median SM clock and board power while fmha and cuDNN were timed (NVML,
 gpu_clock.py; nan where the driver's NVML is missing).
 
-usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--out FILE.md]
+usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--repeats N]
+                                  [--out FILE.md]
+
+--repeats N times every backend N times in turn (fmha, portable, flash, cuDNN,
+fmha, ...) and keeps each one's median: a clock or power drift during the run
+then weighs on all of them alike.
 
 --package calls fmha through the installed Python package (pip install ./python)
 instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
@@ -17,6 +22,7 @@ import argparse
 import ctypes as C
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -109,6 +115,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--no-peers", action="store_true", help="time fmha only (tuning runs)")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds over the backends, median kept")
     ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
     opt = ap.parse_args()
 
@@ -174,18 +181,25 @@ def main():
         ref = sdpa(SDPBackend.FLASH_ATTENTION)()
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         fl = flops(b, sq, sk, h, d, causal)
-        t, clk = {}, {}
+        times, clocks = {}, {}
         impls = [("fmha", run_fmha), ("portable", run_portable),
                  ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                  ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
-        for label, fn in impls[:2] if opt.no_peers else impls:
-            try:
-                with ClockSampler() as sampler:
-                    t[label] = do_bench(fn, warmup=25, rep=200, return_mode="median")
-                clk[label] = sampler.result()
-            except Exception as e:  # a backend that refuses a shape
-                t[label] = math.nan
-                print(f"{name}: {label}: {str(e).splitlines()[0]}")
+        for _ in range(max(1, opt.repeats)):
+            for label, fn in impls[:2] if opt.no_peers else impls:
+                if label in times and math.isnan(times[label][0]):
+                    continue  # refused this shape before
+                try:
+                    with ClockSampler() as sampler:
+                        ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                    times.setdefault(label, []).append(ms)
+                    clocks.setdefault(label, []).append(sampler.result())
+                except Exception as e:  # a backend that refuses a shape
+                    times[label] = [math.nan]
+                    print(f"{name}: {label}: {str(e).splitlines()[0]}")
+        t = {label: statistics.median(v) for label, v in times.items()}
+        clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
+               for label, v in clocks.items()}
         lib.fmha_layer_free(layer)
         lib.fmha_layer_free(portable)
         t.setdefault("flash", math.nan)

@@ -36,11 +36,11 @@ for step in "$@"; do
             timeout 300 ncu --clock-control none --kernel-name regex:hopper_fwd --launch-skip 3 --launch-count 1 \
                 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
                 --section MemoryWorkloadAnalysis \
-                --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active \
+                --metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed \
                 build-gpu/fmha bench --model flux-1024 --device cuda --dtype $dt > "$OUT/ncu-$dt.txt" 2>&1
             summary+=("ncu $dt rc=$?")
             echo "== ncu $dt"
-            grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Eligible Warps|Warp Cycles Per Issued|Shared Memory|L1/TEX Hit|Mem Pipes Busy|pipe_xu|gmma" "$OUT/ncu-$dt.txt" | head -24
+            grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Eligible Warps|Warp Cycles Per Issued|Shared Memory|L1/TEX Hit|Mem Pipes Busy|pipe_xu|gmma|lts__" "$OUT/ncu-$dt.txt" | head -26
         done ;;
     debug)
         FMHA_TEST_LONG=0 timeout 300 cuda-gdb -batch -ex run -ex bt -ex quit --args build-gpu/test_cuda 3 > "$OUT/debug.log" 2>&1

@@ -326,9 +326,9 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
 /* One-shot convenience: init, forward, free. */
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
-/* The float64 reference: plain loops, every feature, never fast (its
- * (sequence, head) pairs run on OpenMP threads, cfg->num_threads aside). Same
- * validation and semantics as fmha_forward; CPU memory only. FP8 inputs are
+/* The float64 reference: plain loops, every feature, never fast; its
+ * (sequence, head) pairs run on cfg->num_threads OpenMP threads (0: OpenMP's
+ * default). Same validation and semantics as fmha_forward; CPU memory only. FP8 inputs are
  * dequantized with their descales exactly; fp8_compute is ignored (the
  * reference is the exact answer for the inputs it is given). */
 fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);

@@ -19,12 +19,13 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
     /* (sequence, head) pairs are independent: one thread each, so that the
      * tests' large cases stay quick; every row's sums run in the same order.
      * Each thread's scratch is allocated before anything is written. */
+    const int threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
     const int64_t per_thread = (pb.max_sk > 0 ? pb.max_sk : 1) + dv;
-    double *scratch = malloc(sizeof(double) * (size_t)(per_thread * omp_get_max_threads()));
+    double *scratch = malloc(sizeof(double) * (size_t)(per_thread * threads));
     if (!scratch)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
 
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
     for (int64_t b = 0; b < pb.batch; b++) {
         for (int64_t h = 0; h < pb.heads; h++) {
             double *scores = scratch + per_thread * omp_get_thread_num();

@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-static size_t tensor_bytes(const fmha_tensor *t)
+static inline size_t tensor_bytes(const fmha_tensor *t)
 {
     int64_t extent = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
                      (t->heads - 1) * t->stride_head + t->head_dim;

@@ -11,6 +11,7 @@ Device index 0 of NVML: meant for one-GPU machines, where it is the GPU that
 torch uses.
 """
 import ctypes as C
+import functools
 import math
 import statistics
 import threading
@@ -18,8 +19,9 @@ import threading
 NVML_CLOCK_SM = 1
 
 
+@functools.lru_cache(maxsize=None)
 def _load_nvml():
-    """(library, device handle), or None where NVML cannot be used."""
+    """(library, device handle), or None where NVML cannot be used; once."""
     try:
         lib = C.CDLL("libnvidia-ml.so.1")
         if lib.nvmlInit_v2() != 0:
@@ -32,18 +34,12 @@ def _load_nvml():
         return None
 
 
-_NVML = None
-_NVML_TRIED = False
-
-
 def nvml_reader():
     """A function returning (SM MHz, watts) now, or None without NVML."""
-    global _NVML, _NVML_TRIED
-    if not _NVML_TRIED:
-        _NVML, _NVML_TRIED = _load_nvml(), True
-    if _NVML is None:
+    nvml = _load_nvml()
+    if nvml is None:
         return None
-    lib, dev = _NVML
+    lib, dev = nvml
 
     def read():
         mhz, mw = C.c_uint(0), C.c_uint(0)

@@ -18,7 +18,7 @@
  *   and the merge (combine_kernel) adds up each split tile's pieces. */
 #pragma once
 
-#include "cuda.h" /* fmha_schedule */
+#include "cuda_common.cuh" /* fmha_schedule, min64 */
 
 #include <stdint.h>
 
@@ -124,7 +124,7 @@ inline hopper_sched sched_plan(int64_t tiles, int64_t tiles_x, int64_t n, int re
         s.sk_tiles = (int)rest;
         s.n = (int)n;
     } else {
-        s.ctas = (int)(tiles < resident ? tiles : resident);
+        s.ctas = (int)min64(tiles, resident);
         s.dp_rounds = (int)((tiles + s.ctas - 1) / s.ctas);
         s.dp_tiles = (int)tiles;
     }

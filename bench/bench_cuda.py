@@ -8,11 +8,15 @@ median SM clock and board power while fmha and cuDNN were timed (NVML,
 gpu_clock.py; nan where the driver's NVML is missing).
 
 usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--repeats N]
-                                  [--out FILE.md]
+                                  [--ab VAR=V1,V2,...] [--out FILE.md]
 
 --repeats N times every backend N times in turn (fmha, portable, flash, cuDNN,
 fmha, ...) and keeps each one's median: a clock or power drift during the run
 then weighs on all of them alike.
+
+--ab VAR=V1,V2 also times fmha with the environment variable VAR set to each
+value in turn (an A/B of a run-time switch such as FMHA_CUDA_SCHEDULE, in the
+same rounds as the peers) and prints each one's TFLOP/s and ratio to cuDNN.
 
 --package calls fmha through the installed Python package (pip install ./python)
 instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
@@ -117,7 +121,14 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="time fmha only (tuning runs)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the backends, median kept")
     ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
+    ap.add_argument("--ab", help="VAR=V1,V2: fmha also timed with VAR set to each value")
     opt = ap.parse_args()
+    ab_var, ab_vals = None, []
+    if opt.ab:
+        ab_var, _, vals = opt.ab.partition("=")
+        ab_vals = vals.split(",")
+        if not ab_var or not vals:
+            sys.exit(f"--ab {opt.ab}: expected VAR=V1,V2")
 
     lib = load_lib(opt.lib)
 
@@ -182,13 +193,18 @@ def main():
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         fl = flops(b, sq, sk, h, d, causal)
         times, clocks = {}, {}
-        impls = [("fmha", run_fmha), ("portable", run_portable),
-                 ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
-                 ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
+        impls = [("fmha", run_fmha, None), ("portable", run_portable, None)]
+        impls += [(f"{ab_var}={val}", run_fmha, val) for val in ab_vals]
+        if not opt.no_peers:
+            impls += [("flash", sdpa(SDPBackend.FLASH_ATTENTION), None),
+                      ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), None)]
         for _ in range(max(1, opt.repeats)):
-            for label, fn in impls[:2] if opt.no_peers else impls:
+            for label, fn, env in impls:
                 if label in times and math.isnan(times[label][0]):
                     continue  # refused this shape before
+                saved = os.environ.get(ab_var) if env is not None else None
+                if env is not None:
+                    os.environ[ab_var] = env
                 try:
                     with ClockSampler() as sampler:
                         ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
@@ -197,6 +213,11 @@ def main():
                 except Exception as e:  # a backend that refuses a shape
                     times[label] = [math.nan]
                     print(f"{name}: {label}: {str(e).splitlines()[0]}")
+                finally:
+                    if env is not None and saved is None:
+                        del os.environ[ab_var]
+                    elif env is not None:
+                        os.environ[ab_var] = saved
         t = {label: statistics.median(v) for label, v in times.items()}
         clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
                for label, v in clocks.items()}
@@ -212,6 +233,11 @@ def main():
               f"  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
               f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}", flush=True)
+        for val in ab_vals:
+            label = f"{ab_var}={val}"
+            mhz = clk.get(label, nan2)[0]
+            print(f"{'':22s} {label:28s} {tf[label]:6.1f}  x{tf[label] / tf['cudnn']:.2f} cudnn"
+                  f"  MHz {mhz:.0f}", flush=True)
         del q, k, v, out, ref
 
     table = ["| shape | fmha TFLOP/s | fmha portable | torch flash (FA2) | torch cuDNN | fmha / flash "

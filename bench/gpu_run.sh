@@ -94,20 +94,20 @@ for step in "$@"; do
             echo "== FMHA_CUDA_SCHEDULE=$m"
             FMHA_CUDA_SCHEDULE=$m timeout 200 python3 bench/bench_cuda.py --lib build-gpu/libfmha.so --quick --no-peers 2>&1 | grep -v "^#"
         done | tee "$OUT/sched.log" ;;
-    sched-ncu) # kernel durations under each schedule (Nsight Compute, clocks and caches left alone), Flux and FA3 d128
+    sched-ncu) # kernel durations and L2 traffic, Flux and FA3 d128, under each setting of NCU_ENVS (clocks and caches left alone)
         for shape in "--model flux-1024" "--batch 1 --seqlen 16384 --heads 16 --kv-heads 16 --head-dim 128"; do
-            for m in persistent split; do
-                echo "== $shape FMHA_CUDA_SCHEDULE=$m"
-                FMHA_CUDA_SCHEDULE=$m timeout 120 ncu --clock-control none --cache-control none \
+            for e in ${NCU_ENVS:-FMHA_CUDA_SCHEDULE=persistent FMHA_CUDA_SCHEDULE=split}; do
+                echo "== $shape $e"
+                env "$e" timeout 120 ncu --clock-control none --cache-control none \
                     --kernel-name regex:"hopper_fwd|combine" --launch-skip 4 --launch-count 4 \
-                    --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg \
+                    --metrics gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg,lts__t_bytes.sum.per_second \
                     build-gpu/fmha bench $shape --device cuda --dtype bf16 --iters 10 2>&1 |
-                    grep -E "hopper_fwd|combine_kernel|gpu__time|sm__cycles" | sed -E 's/\(hopper_params\).*|_ZN.*hopper_fwd/hopper_fwd/'
+                    grep -E "hopper_fwd|combine_kernel|gpu__time|sm__cycles|lts__" | sed -E 's/\(hopper_params\).*|_ZN.*hopper_fwd/hopper_fwd/'
             done
         done 2>&1 | tee "$OUT/sched-ncu.log" ;;
-    bench|bench-quick) # REPEATS=3: each backend timed three times in turn, medians kept
+    bench|bench-quick) # REPEATS=3: each backend timed three times in turn, medians kept; AB=VAR=V1,V2: fmha also under each value
         q=""; [ "$step" = bench-quick ] && q=--quick
-        python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --repeats "${REPEATS:-1}" \
+        python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --repeats "${REPEATS:-1}" ${AB:+--ab "$AB"} \
             --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1
         summary+=("bench rc=$?"); cat "$OUT/bench.log" | grep -v "^|" ;;
     esac

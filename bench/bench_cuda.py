@@ -5,7 +5,9 @@ through ctypes on build/libfmha.so; torch tensors are [B, H, S, D] contiguous
 and fmha reads the same memory as BHSD views. Prints a table of TFLOP/s,
 the ratio to each peer, fmha's relative L2 error against torch flash, and the
 median SM clock and board power while fmha and cuDNN were timed (NVML,
-gpu_clock.py; nan where the driver's NVML is missing).
+gpu_clock.py; nan where the driver's NVML is missing), and the CPU time of one
+fmha and one cuDNN call on an idle GPU (host µs: the part of a call that
+back-to-back timings hide).
 
 usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--repeats N]
                                   [--ab VAR=V1,V2,...] [--out FILE.md]
@@ -106,6 +108,19 @@ def make_inputs(b, sq, sk, h, hkv, d):
     return (torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16),
             torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16),
             torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16))
+
+
+def host_us(fn, n=20):
+    """Median CPU time of one call on an idle GPU: what a call costs before the GPU has work (validation,
+    tensor maps, launches), which a timing of back-to-back calls hides and a lone call pays."""
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
 
 
 def flops(b, sq, sk, h, d, causal):
@@ -218,6 +233,8 @@ def main():
                         del os.environ[ab_var]
                     elif env is not None:
                         os.environ[ab_var] = saved
+        host = {label: host_us(fn) if not math.isnan(times.get(label, [math.nan])[0]) else math.nan
+                for label, fn, _ in impls if label in ("fmha", "cudnn")}
         t = {label: statistics.median(v) for label, v in times.items()}
         clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
                for label, v in clocks.items()}
@@ -228,11 +245,13 @@ def main():
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
         nan2 = (math.nan, math.nan)
         (mf, wf), (mc, wc) = clk.get("fmha", nan2), clk.get("cudnn", nan2)
-        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err, mf, mc, wf, wc))
+        hf, hc = host.get("fmha", math.nan), host.get("cudnn", math.nan)
+        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err, mf, mc, wf, wc, hf, hc))
         print(f"{name:22s} fmha {tf['fmha']:6.1f}  portable {tf['portable']:6.1f}"
               f"  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
-              f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}", flush=True)
+              f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}"
+              f"  host us {hf:.0f}/{hc:.0f}", flush=True)
         for val in ab_vals:
             label = f"{ab_var}={val}"
             mhz = clk.get(label, nan2)[0]
@@ -241,11 +260,13 @@ def main():
         del q, k, v, out, ref
 
     table = ["| shape | fmha TFLOP/s | fmha portable | torch flash (FA2) | torch cuDNN | fmha / flash "
-             "| fmha / cuDNN | rel. L2 vs flash | SM MHz fmha / cuDNN | W fmha / cuDNN |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, a, pt, fl2, cu, err, mf, mc, wf, wc in rows:
+             "| fmha / cuDNN | rel. L2 vs flash | SM MHz fmha / cuDNN | W fmha / cuDNN "
+             "| host µs fmha / cuDNN |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc in rows:
         table.append(f"| {name} | {a:.1f} | {pt:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} "
-                     f"| {a / cu:.2f} | {err:.1e} | {mf:.0f} / {mc:.0f} | {wf:.0f} / {wc:.0f} |")
+                     f"| {a / cu:.2f} | {err:.1e} | {mf:.0f} / {mc:.0f} | {wf:.0f} / {wc:.0f} "
+                     f"| {hf:.0f} / {hc:.0f} |")
     print("\n".join(table))
     if opt.out:
         with open(opt.out, "w") as f:

@@ -25,6 +25,7 @@ instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
 same BSHD views.
 """
 import argparse
+import contextlib
 import ctypes as C
 import math
 import os
@@ -110,6 +111,23 @@ def make_inputs(b, sq, sk, h, hkv, d):
             torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16))
 
 
+@contextlib.contextmanager
+def env_set(var, val):
+    """The environment variable var set to val inside the block (untouched when val is None), restored after."""
+    if val is None:
+        yield
+        return
+    saved = os.environ.get(var)
+    os.environ[var] = val
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[var]
+        else:
+            os.environ[var] = saved
+
+
 def host_us(fn, n=20):
     """Median CPU time of one call on an idle GPU: what a call costs before the GPU has work (validation,
     tensor maps, launches), which a timing of back-to-back calls hides and a lone call pays."""
@@ -167,11 +185,10 @@ def main():
         args.q, args.k, args.v, args.out = view(q), view(k), view(v), view(out)
         args.stream = torch.cuda.current_stream().cuda_stream
         # The portable kernel beside the chooser's pick (the Hopper kernel on an H200).
-        os.environ["FMHA_CUDA_KERNEL"] = "portable"
         portable = C.c_void_p()
-        if lib.fmha_layer_init(C.byref(portable), C.byref(cfg)) != 0:
-            sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
-        del os.environ["FMHA_CUDA_KERNEL"]
+        with env_set("FMHA_CUDA_KERNEL", "portable"):
+            if lib.fmha_layer_init(C.byref(portable), C.byref(cfg)) != 0:
+                sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
         out_p = torch.empty_like(q)
         args_p = Args()
         args_p.q, args_p.k, args_p.v, args_p.out = view(q), view(k), view(v), view(out_p)
@@ -217,22 +234,14 @@ def main():
             for label, fn, env in impls:
                 if label in times and math.isnan(times[label][0]):
                     continue  # refused this shape before
-                saved = os.environ.get(ab_var) if env is not None else None
-                if env is not None:
-                    os.environ[ab_var] = env
                 try:
-                    with ClockSampler() as sampler:
+                    with env_set(ab_var, env), ClockSampler() as sampler:
                         ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
                     times.setdefault(label, []).append(ms)
                     clocks.setdefault(label, []).append(sampler.result())
                 except Exception as e:  # a backend that refuses a shape
                     times[label] = [math.nan]
                     print(f"{name}: {label}: {str(e).splitlines()[0]}")
-                finally:
-                    if env is not None and saved is None:
-                        del os.environ[ab_var]
-                    elif env is not None:
-                        os.environ[ab_var] = saved
         host = {label: host_us(fn) if not math.isnan(times.get(label, [math.nan])[0]) else math.nan
                 for label, fn, _ in impls if label in ("fmha", "cudnn")}
         t = {label: statistics.median(v) for label, v in times.items()}

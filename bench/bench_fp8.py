@@ -27,7 +27,8 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import SHAPES as BF16_SHAPES  # noqa: E402
-from bench_cuda import Args, Config, Tensor, flops, load_lib, make_inputs  # noqa: E402  (the one ctypes mirror)
+from bench_cuda import (Args, Config, Tensor, env_set, flops, load_lib,  # noqa: E402  (the one ctypes mirror)
+                        make_inputs)
 
 # bench_cuda's non-causal d128 shapes, the head-dim grid and Llama's causal GQA, plus FA3's d128 at 8k
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
@@ -131,10 +132,9 @@ def main():
             fl = flops(b, sq, sk, h, d, causal)
             line = f"{name:18s}"
             for mode in ("two_level", "single"):
-                os.environ["FMHA_FP8_ACCUM"] = mode
-                ms = do_bench(run(layer8, a8), warmup=25, rep=200, return_mode="median")
+                with env_set("FMHA_FP8_ACCUM", mode):
+                    ms = do_bench(run(layer8, a8), warmup=25, rep=200, return_mode="median")
                 line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f}"
-            del os.environ["FMHA_FP8_ACCUM"]
             print(line, flush=True)
             lib.fmha_layer_free(layer8)
             lib.fmha_layer_free(layer16)
@@ -147,15 +147,14 @@ def main():
         t = {}
         outs = {}
         for mode in ("two_level", "single"):
-            os.environ["FMHA_FP8_ACCUM"] = mode
-            run(layer8, a8)()
-            torch.cuda.synchronize()
-            outs[mode] = out8[:, :, :ROWS].float().clone()
-            err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
-            t[mode] = do_bench(run(layer8, a8), warmup=25, rep=200, return_mode="median")
+            with env_set("FMHA_FP8_ACCUM", mode):
+                run(layer8, a8)()
+                torch.cuda.synchronize()
+                outs[mode] = out8[:, :, :ROWS].float().clone()
+                err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
+                t[mode] = do_bench(run(layer8, a8), warmup=25, rep=200, return_mode="median")
         # what the accumulation mode alone changes (the same e4m3 P in both)
         acc = rel_l2(outs["single"], outs["two_level"].double())
-        del os.environ["FMHA_FP8_ACCUM"]
         run(layer16, a16)()
         torch.cuda.synchronize()
         err16 = rel_l2(out16[:, :, :ROWS], ref_bf16)

@@ -146,6 +146,19 @@ fmha_status fmha_cuda_schedule(fmha_schedule *schedule)
     return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
                           "FMHA_CUDA_SCHEDULE=%s is not one of tiles, persistent, split", env);
 }
+
+fmha_status fmha_cuda_clusters(int *on)
+{
+    const char *env = getenv("FMHA_CUDA_CLUSTER");
+    *on = 1;
+    if (!env || !*env || !strcmp(env, "1"))
+        return FMHA_STATUS_OK;
+    if (!strcmp(env, "0")) {
+        *on = 0;
+        return FMHA_STATUS_OK;
+    }
+    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "FMHA_CUDA_CLUSTER=%s is not 0 or 1", env);
+}
 #endif
 
 /* What every selection starts with: a valid configuration and somewhere to

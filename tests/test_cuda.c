@@ -259,14 +259,17 @@ int main(int argc, char **argv)
             break; /* the chooser's pick was the portable kernel already */
         hopper_seen |= !strcmp(info.name, "cuda_hopper_sm90");
         printf("FMHA_CUDA_KERNEL=%s: %s, %d cases\n", kernels[kn], info.name, ncases);
-        /* The Hopper kernel's three schedules (cuda.h) take turns. */
+        /* The Hopper kernel's three schedules (cuda.h) take turns, with
+         * clusters allowed and not. */
         static const char *schedules[] = {"persistent", "split", "tiles"};
         for (int i = 0; i < ncases; i++) {
             tcase c = tcase_random(&rng, i, &space);
             setenv("FMHA_CUDA_SCHEDULE", schedules[i % 3], 1);
+            setenv("FMHA_CUDA_CLUSTER", i / 3 % 2 ? "0" : "1", 1);
             tcase_run(&c, &rng, run_cuda);
         }
         unsetenv("FMHA_CUDA_SCHEDULE");
+        unsetenv("FMHA_CUDA_CLUSTER");
         space.fp8 = 0; /* the FP8 kernel has no portable twin: once is enough */
     }
     unsetenv("FMHA_CUDA_KERNEL");
@@ -285,28 +288,33 @@ int main(int argc, char **argv)
     /* The Hopper kernel's schedules: more query tiles than one round of 132
      * SMs, persistent, and with the remainder split along the keys into
      * pieces that a second kernel merges (hopper_sched); ragged last tiles,
-     * GQA, the head dims, dropout, FP8. The first runs under the sanitizers
-     * too. */
+     * GQA, the head dims, dropout, FP8; clusters of two blocks where they
+     * fit. Those marked san run under the sanitizers too. */
     const struct {
         int64_t b, sq, sk, h, kv, d;
         fmha_dtype dt;
         int causal;
         double dropout;
+        int san;
     } sched[] = {
-        {1, 300, 1000, 4, 2, 128, FMHA_DTYPE_BF16, 0, 0.0},  /* 12 tiles in up to 11 pieces each */
-        {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 0, 0.0}, /* 160 tiles, 5 key tiles each */
-        {1, 1100, 600, 31, 31, 64, FMHA_DTYPE_F16, 0, 0.0},  /* 279: two rounds and 15 */
-        {2, 1000, 700, 9, 3, 256, FMHA_DTYPE_BF16, 0, 0.1},
-        {1, 3000, 520, 8, 2, 96, FMHA_DTYPE_BF16, 0, 0.0},
-        {1, 1500, 900, 12, 4, 128, FMHA_DTYPE_F8_E4M3, 0, 0.0},
-        {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 1, 0.0}, /* causal: one block per tile */
+        {1, 300, 1000, 4, 2, 128, FMHA_DTYPE_BF16, 0, 0.0, 1},  /* 12 tiles in up to 11 pieces each */
+        {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 0, 0.0, 0}, /* 160 tiles, 5 key tiles each */
+        {1, 1100, 600, 31, 31, 64, FMHA_DTYPE_F16, 0, 0.0, 0},  /* 279: two rounds and 15 */
+        {2, 1000, 700, 9, 3, 256, FMHA_DTYPE_BF16, 0, 0.1, 0},
+        {1, 3000, 520, 8, 2, 96, FMHA_DTYPE_BF16, 0, 0.0, 0},
+        {1, 1500, 900, 12, 4, 128, FMHA_DTYPE_F8_E4M3, 0, 0.0, 0},
+        {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 1, 0.0, 0}, /* causal: one block per tile */
+        {1, 1024, 1000, 6, 3, 256, FMHA_DTYPE_BF16, 0, 0.0, 1}, /* clusters of two, 24 units: split */
+        {2, 200, 777, 53, 1, 128, FMHA_DTYPE_F16, 0, 0.0, 0},   /* clusters, 106 units: a round and a tail */
     };
+    /* Each shape persistent and split, with clusters allowed, then not. */
     const char *modes[] = {"persistent", "split"};
-    for (size_t k = 0; k < 2 * (sizeof sched / sizeof sched[0]); k++) {
-        const size_t i = k / 2;
-        if ((i > 0 && lenv && !strcmp(lenv, "0")) || (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8))
+    for (size_t k = 0; k < 4 * (sizeof sched / sizeof sched[0]); k++) {
+        const size_t i = k / 4;
+        if ((!sched[i].san && lenv && !strcmp(lenv, "0")) || (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8))
             continue;
         setenv("FMHA_CUDA_SCHEDULE", modes[k % 2], 1);
+        setenv("FMHA_CUDA_CLUSTER", k % 4 < 2 ? "1" : "0", 1);
         tcase c = {.batch = sched[i].b, .sq = sched[i].sq, .sk = sched[i].sk, .heads = sched[i].h,
                    .kv = sched[i].kv, .d = sched[i].d, .dv = sched[i].d, .dt = sched[i].dt,
                    .odt = FMHA_DTYPE_BF16, .causal = sched[i].causal, .wl = -1, .wr = -1,
@@ -315,6 +323,7 @@ int main(int argc, char **argv)
         tcase_run(&c, &rng, run_cuda);
     }
     unsetenv("FMHA_CUDA_SCHEDULE");
+    unsetenv("FMHA_CUDA_CLUSTER");
     /* FP8 over long key ranges, with and without two-level accumulation. */
     printf("FP8 over long key ranges, refusals, dropout masks\n");
     for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {

@@ -1263,6 +1263,31 @@ static void test_cuda_schedule(void)
              "FMHA_CUDA_SCHEDULE=stream-k: %s", fmha_last_error());
     unsetenv("FMHA_CUDA_SCHEDULE");
 }
+
+/* Clusters sharing K/V loads: on unless FMHA_CUDA_CLUSTER=0. */
+static void test_cuda_clusters(void)
+{
+    const struct {
+        const char *env;
+        int want;
+    } cases[] = {{NULL, 1}, {"", 1}, {"1", 1}, {"0", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].env)
+            setenv("FMHA_CUDA_CLUSTER", cases[i].env, 1);
+        else
+            unsetenv("FMHA_CUDA_CLUSTER");
+        int got = -1;
+        const fmha_status st = fmha_cuda_clusters(&got);
+        TU_CHECK(st == FMHA_STATUS_OK && got == cases[i].want, "FMHA_CUDA_CLUSTER=%s: %d (%s)",
+                 cases[i].env ? cases[i].env : "(unset)", got, fmha_last_error());
+    }
+    setenv("FMHA_CUDA_CLUSTER", "yes", 1);
+    int got;
+    TU_CHECK(fmha_cuda_clusters(&got) == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "FMHA_CUDA_CLUSTER=yes is not 0 or 1"),
+             "FMHA_CUDA_CLUSTER=yes: %s", fmha_last_error());
+    unsetenv("FMHA_CUDA_CLUSTER");
+}
 #endif
 
 int main(void)
@@ -1282,6 +1307,7 @@ int main(void)
 #ifdef FMHA_HAVE_CUDA
     test_fp8_accum();
     test_cuda_schedule();
+    test_cuda_clusters();
 #endif
     test_isa();
     test_success();

@@ -55,6 +55,13 @@ fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level);
 typedef enum { FMHA_SCHEDULE_TILES, FMHA_SCHEDULE_PERSISTENT, FMHA_SCHEDULE_SPLIT } fmha_schedule;
 fmha_status fmha_cuda_schedule(fmha_schedule *schedule);
 
+/* Whether the Hopper kernel may run two neighbouring query tiles of a head
+ * as a cluster of two blocks that share each K/V tile load (TMA multicast;
+ * 16-bit inputs, D >= 128, no dropout, uniform tiles: cuda_hopper.cu,
+ * cluster_fits): FMHA_CUDA_CLUSTER=1 (or unset) lets it, 0 never. Any other
+ * value is INVALID_ARGUMENT. */
+fmha_status fmha_cuda_clusters(int *on);
+
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */
 fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel);

@@ -187,6 +187,31 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
                  : "memory");
 }
 
+/* tma_load into the same offset of every block of the cluster in `mask`,
+ * completing on each one's barrier at `bar`'s offset. */
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                   int c3, uint32_t bar, uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+/* Arrives on the barrier at `bar`'s offset in block `rank` of the cluster. */
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
+{
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+/* Every thread of every block of the cluster. */
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait()
@@ -448,10 +473,14 @@ __device__ __forceinline__ void named_arrive(int id, int threads)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int D, int IN, bool DROPOUT, bool TWO_LEVEL>
+template <int D, int IN, bool DROPOUT, bool TWO_LEVEL, int CL>
 __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hopper_params hp)
 {
     typedef htile<D, IN> TL;
+    /* CL = 2: a cluster of two blocks on neighbouring query tiles of one head
+     * (hopper_sched.cuh); each loads half of every K/V tile into both. */
+    static_assert(CL == 1 || (CL == 2 && !TL::FP8), "clusters share 16-bit K/V tiles only");
+    const uint32_t rank = CL == 1 ? 0u : blockIdx.x % CL;
     typedef consumer<D, IN> C;
     constexpr int BM = TL::BM, BN = TL::BN, NCH = TL::NCH, STAGES = TL::STAGES, CW = TL::CW;
     const flash_params &p = hp.p;
@@ -472,29 +501,39 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         for (int s = 0; s < STAGES; s++) {
             mbar_init(k_full(s), 1);
             mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), 8); /* one arrival per consumer warp */
-            mbar_init(v_empty(s), 8);
+            mbar_init(k_empty(s), 8 * CL); /* one arrival per consumer warp of the cluster */
+            mbar_init(v_empty(s), 8 * CL);
         }
         mbar_init(q_empty, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if (CL > 1) /* the peer's loads and arrivals reach these barriers too */
+        cluster_sync();
+    else
+        __syncthreads();
 
     const int wg = threadIdx.x / 128;
     if (wg == 0) { /* ---------------------------------------------- producer */
         regs_dealloc<FMHA_HOPPER_REGS_LOAD>();
         if (threadIdx.x != 0)
             return;
+        uint32_t fills = 0; /* K/V tiles through the ring */
         for_each_piece(hp.s, p, BM, BN, [&](const segment &, const block_span &bs, uint32_t g, uint32_t nseg) {
             /* TMA coordinates are 32-bit: the piece in a few registers (24 here). */
             const int hk = bs.hk, tb = (int)bs.tb, ntiles = bs.ntiles, h = bs.h;
             const int k_row = (int)(bs.k0 + bs.kv_begin), q_row = (int)(bs.q0 + bs.m0);
             /* FP8: V^T tiles are one box of D rows x BN keys (vt_start). */
             const int vt_col = (int)(p.varlen ? vt_start(bs.k0, bs.b) + bs.kv_begin : bs.kv_begin);
+            /* A whole tile lands in this block; with CL = 2 this block loads
+             * rows [rank BN / 2, (rank + 1) BN / 2) into both (box of BN / 2 rows). */
             auto load = [&](uint32_t dst, const CUtensorMap *map, int row, uint32_t bar) {
                 mbar_expect_tx(bar, TL::K_BYTES);
                 for (int c = 0; c < NCH; c++)
-                    tma_load(dst + c * BN * 128, map, c * CW, row, hk, tb, bar);
+                    if (CL == 1)
+                        tma_load(dst + c * BN * 128, map, c * CW, row, hk, tb, bar);
+                    else
+                        tma_load_multicast(dst + c * BN * 128 + rank * (BN / CL) * 128, map, c * CW,
+                                           row + (int)rank * (BN / CL), hk, tb, bar, (1u << CL) - 1);
             };
             auto row_of = [&](int t) { return k_row + t * BN; };
             auto load_v = [&](uint32_t dst, int t, uint32_t bar) {
@@ -527,7 +566,14 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     mbar_wait(v_empty(s), ((G / STAGES) - 1) & 1);
                 load_v(sV + s * TL::V_BYTES, t, v_full(s));
             }
+            fills = g + ntiles;
         });
+        /* The peer's consumers arrive on this block's empty barriers: stay
+         * until the ring's last fills have been released by both. */
+        for (uint32_t G = fills > STAGES ? fills - STAGES : 0; CL > 1 && G < fills; G++) {
+            mbar_wait(k_empty(G % STAGES), (G / STAGES) & 1);
+            mbar_wait(v_empty(G % STAGES), (G / STAGES) & 1);
+        }
         return;
     }
 
@@ -541,6 +587,14 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         __syncwarp();
         if (lane == 0)
             mbar_arrive(bar);
+    };
+    /* A K/V stage is free once every consumer warp of the cluster is done with it. */
+    auto release_kv = [&](uint32_t bar) {
+        if (CL == 1)
+            return release(bar);
+        __syncwarp();
+        if (lane < CL)
+            mbar_arrive_cluster(bar, lane);
     };
     /* Q in registers where they are free: not beside dropout's draws or the
      * two-level accumulator (ptxas: 68 and 160 bytes of spills). */
@@ -628,7 +682,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             named_arrive(BAR_TURN + (1 - cw), 256);
             wg_wait<0>();
             fence_regs<BN / 2>(sc);
-            release(k_empty(stage(0)));
+            release_kv(k_empty(stage(0)));
             q_done_after_s(0);
             C::mask(sc, p, cap_in, tile_n0(0), tile_valid(0), tile_full(0), row0, rows, m0, sq, sk, lane);
             C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
@@ -655,13 +709,13 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             named_arrive(BAR_TURN + (1 - cw), 256);
             wg_wait<1>();
             fence_regs<BN / 2>(sc);
-            release(k_empty(s));
+            release_kv(k_empty(s));
             q_done_after_s(t);
             C::mask(sc, p, cap_in, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq, sk, lane);
             C::softmax(sc, m_row, l_row, alpha, scale_log2, shift);
             wg_wait<0>();
             fold_pv();
-            release(v_empty(sp));
+            release_kv(v_empty(sp));
             if (!TWO_LEVEL)
                 C::rescale(o, alpha);
             if (DROPOUT)
@@ -676,7 +730,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             wg_commit();
             wg_wait<0>();
             fold_pv();
-            release(v_empty(sp));
+            release_kv(v_empty(sp));
         }
 
         /* Epilogue: normalise; rows that saw no key are 0 with LSE -inf. A
@@ -763,12 +817,12 @@ __global__ void __launch_bounds__(128) combine_kernel(const flash_params p, cons
     __shared__ int slots[SCHED_MAX_SPLIT_BLOCKS];                   /* the tile's pieces' slots */
     __shared__ float weight[COMBINE_ROWS][SCHED_MAX_SPLIT_BLOCKS];  /* per row and piece */
     __shared__ int npieces;
-    const int r = blockIdx.x;
+    const int r = blockIdx.x / s.cl, rank = blockIdx.x % s.cl; /* split tile unit r (hopper_sched.cuh) */
     int c1, c2;
     split_blocks(s, r, c1, c2);
     if (c1 == c2) /* one piece: written whole */
         return;
-    const segment whole = {s.dp_tiles + r, 0, -1, -1};
+    const segment whole = {(s.dp_tiles + r) * s.cl + rank, 0, -1, -1};
     block_span bs;
     if (!tile_span(bs, p, s, whole, BM, 16))
         return;
@@ -779,7 +833,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const flash_params p, cons
     if (threadIdx.x == 0) {
         int k = 0;
         for (int c = c1; c <= c2; c++) {
-            const int slot = piece_slot(s, c, r);
+            const int slot = piece_slot(s, c * s.cl + rank, r);
             if (slot >= 0)
                 slots[k++] = slot;
         }
@@ -889,23 +943,42 @@ cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream);
 /* The launch's schedule (hopper_sched.cuh) for `resident` blocks at a time,
  * in FMHA_CUDA_SCHEDULE's mode (cuda.h). */
 hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int BN, int resident,
-                  fmha_schedule mode)
+                  fmha_schedule mode, int cl)
 {
     const int64_t tiles_x = (max_sq + BM - 1) / BM;
     const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
-    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform, mode);
+    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform, mode, cl);
+}
+
+/* Whether a launch runs in clusters of two blocks sharing K/V loads: 16-bit
+ * inputs at D >= 128 without dropout, uniform tiles (not causal, windowed or
+ * packed), an even number of query tiles per head, a persistent schedule. */
+bool cluster_fits(const flash_params &p, int64_t max_sq, int D, bool fp8, fmha_schedule mode)
+{
+    const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
+    return !fp8 && D >= 128 && !p.drop_threshold && uniform && mode != FMHA_SCHEDULE_TILES &&
+           ((max_sq + 127) / 128) % 2 == 0;
 }
 
 /* The kernel on its schedule; a split tail's partials live in pooled
  * scratch until combine_kernel has merged them. */
-template <int D, int IN, bool DROPOUT, bool TWO_LEVEL>
+template <int D, int IN, bool DROPOUT, bool TWO_LEVEL, int CL>
 cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_schedule mode,
                            cudaStream_t stream)
 {
     typedef htile<D, IN> TL;
     static_assert(TL::SMEM <= 227 * 1024, "tile exceeds the 227 KB of shared memory per block");
-    auto kernel = hopper_fwd<D, IN, DROPOUT, TWO_LEVEL>;
+    auto kernel = hopper_fwd<D, IN, DROPOUT, TWO_LEVEL, CL>;
     const size_t smem = TL::SMEM;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = CL, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(TL::THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = CL > 1;
     /* Once per device: the shared-memory attribute, and how many blocks fit at once. */
     static std::atomic<int> resident_on[64];
     int dev = 0;
@@ -914,34 +987,38 @@ cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_sc
         return err;
     int resident = dev >= 0 && dev < 64 ? resident_on[dev].load(std::memory_order_relaxed) : 0;
     if (resident == 0) {
-        int sms = 0, per_sm = 0;
+        int sms = 0, per_sm = 0, clusters = 0;
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (err == cudaSuccess)
             err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (err == cudaSuccess)
+        if (err == cudaSuccess && CL == 1)
             err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TL::THREADS, smem);
+        if (err == cudaSuccess && CL > 1) {
+            cfg.gridDim = dim3(sms - sms % CL);
+            err = cudaOccupancyMaxActiveClusters(&clusters, (void *)kernel, &cfg);
+        }
         if (err != cudaSuccess)
             return err;
-        resident = sms * per_sm;
+        resident = CL == 1 ? sms * per_sm : clusters * CL;
         if (dev >= 0 && dev < 64 && resident > 0)
             resident_on[dev].store(resident, std::memory_order_relaxed);
     }
-    hp.s = plan(hp.p, max_sq, batch, TL::BM, TL::BN, resident, mode);
+    hp.s = plan(hp.p, max_sq, batch, TL::BM, TL::BN, resident, mode, CL);
     if (hp.s.ctas <= 0) /* -1: more tiles than the schedule numbers */
         return hp.s.ctas == 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
     void *parts = nullptr;
     if (hp.s.sk_tiles > 0) {
-        const int64_t slots = 2 * (int64_t)hp.s.ctas * TL::BM;
+        const int64_t slots = 2 * (int64_t)hp.s.ctas * CL * TL::BM;
         if ((err = scratch_alloc(&parts, (size_t)(slots * (D + 1)) * sizeof(float), stream)) != cudaSuccess)
             return err;
         hp.s.part_ld = D;
         hp.s.part_o = (float *)parts;
         hp.s.part_lse = hp.s.part_o + slots * D;
     }
-    kernel<<<hp.s.ctas, TL::THREADS, smem, stream>>>(hp);
-    err = cudaGetLastError();
+    cfg.gridDim = dim3((unsigned)(hp.s.ctas * CL));
+    err = cudaLaunchKernelEx(&cfg, kernel, hp);
     if (err == cudaSuccess && hp.s.sk_tiles > 0) {
-        const dim3 grid((unsigned)hp.s.sk_tiles, (unsigned)(TL::BM / COMBINE_ROWS));
+        const dim3 grid((unsigned)(hp.s.sk_tiles * CL), (unsigned)(TL::BM / COMBINE_ROWS));
         combine_kernel<<<grid, 128, 0, stream>>>(hp.p, hp.s, TL::BM);
         err = cudaGetLastError();
     }
@@ -1056,24 +1133,31 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
     typedef htile<D, IN> TL;
     const fmha_forward_args *a = pb->args;
     fmha_status st;
-    if ((st = make_map(&hp.tq, a->q, TL::BM, IN, "q")) != FMHA_STATUS_OK ||
-        (st = make_map(&hp.tk, a->k, TL::BN, IN, "k")) != FMHA_STATUS_OK)
-        return st;
-    st = TL::FP8 ? make_map_raw(&hp.tv, vt->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, vt->dims,
-                                vt->strides, D, "v^t")
-                 : make_map(&hp.tv, a->v, TL::BN, IN, "v");
-    if (st != FMHA_STATUS_OK)
-        return st;
     fmha_schedule mode;
-    if ((st = fmha_cuda_schedule(&mode)) != FMHA_STATUS_OK)
+    int clusters;
+    if ((st = fmha_cuda_schedule(&mode)) != FMHA_STATUS_OK ||
+        (st = fmha_cuda_clusters(&clusters)) != FMHA_STATUS_OK)
         return st;
     const int64_t max_sq = pb->max_sq;
     const int batch = (int)pb->batch;
     constexpr bool TWO = TL::FP8 && D <= 128;
+    constexpr int CL2 = TL::FP8 || D < 128 ? 1 : 2; /* the variants that may run in clusters */
+    const bool cl = CL2 > 1 && clusters && cluster_fits(hp.p, max_sq, D, TL::FP8, mode);
+    /* In clusters each block loads half of a K/V tile's rows. */
+    const int kv_rows = cl ? TL::BN / CL2 : TL::BN;
+    if ((st = make_map(&hp.tq, a->q, TL::BM, IN, "q")) != FMHA_STATUS_OK ||
+        (st = make_map(&hp.tk, a->k, kv_rows, IN, "k")) != FMHA_STATUS_OK)
+        return st;
+    st = TL::FP8 ? make_map_raw(&hp.tv, vt->data, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, vt->dims,
+                                vt->strides, D, "v^t")
+                 : make_map(&hp.tv, a->v, kv_rows, IN, "v");
+    if (st != FMHA_STATUS_OK)
+        return st;
     const cudaError_t err =
-        hp.p.drop_threshold ? launch_variant<D, IN, true, false>(hp, max_sq, batch, mode, stream)
-        : two_level && TWO  ? launch_variant<D, IN, false, TWO>(hp, max_sq, batch, mode, stream)
-                            : launch_variant<D, IN, false, false>(hp, max_sq, batch, mode, stream);
+        hp.p.drop_threshold ? launch_variant<D, IN, true, false, 1>(hp, max_sq, batch, mode, stream)
+        : two_level && TWO  ? launch_variant<D, IN, false, TWO, 1>(hp, max_sq, batch, mode, stream)
+        : cl                ? launch_variant<D, IN, false, false, CL2>(hp, max_sq, batch, mode, stream)
+                            : launch_variant<D, IN, false, false, 1>(hp, max_sq, batch, mode, stream);
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
 }
 

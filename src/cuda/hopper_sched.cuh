@@ -15,7 +15,14 @@
  *   on a fraction of the SMs. A range, shorter than a tile, touches at most
  *   two tiles; a piece that is not a whole tile writes O / l (f32) and its
  *   log2 LSE to slot 2 c + (0 for the block's first piece, 1 for its second),
- *   and the merge (combine_kernel) adds up each split tile's pieces. */
+ *   and the merge (combine_kernel) adds up each split tile's pieces.
+ * Clusters (cl = 2): the blocks of a cluster share each K/V load (TMA
+ * multicast), so they must run neighbouring query tiles of one head over the
+ * same keys in step. The schedule above is then made for units of cl tiles
+ * (tiles_x even: a unit never straddles two heads) and units of cl blocks:
+ * `ctas`, `dp_tiles` and `sk_tiles` count units, block c is rank c % cl of
+ * unit c / cl and runs tile cl u + c % cl of every tile unit u its unit runs,
+ * over the same keys. Slots stay per block: 2 c + j. */
 #pragma once
 
 #include "cuda_common.cuh" /* fmha_schedule, min64 */
@@ -28,9 +35,10 @@ namespace fmha_cuda {
 constexpr int SCHED_MAX_SPLIT_BLOCKS = 256;
 
 struct hopper_sched {
-    int ctas, dp_rounds, dp_tiles, sk_tiles, tiles_x, n;
+    int ctas, dp_rounds, dp_tiles, sk_tiles, tiles_x, n; /* in units of cl (above) */
+    int cl;                   /* blocks per cluster: 1, or 2 sharing K/V loads */
     int part_ld;              /* floats per partial row: the kernel's D, a multiple of 8 */
-    float *part_o, *part_lse; /* [2 ctas][BM][part_ld], [2 ctas][BM] */
+    float *part_o, *part_lse; /* [2 cl ctas][BM][part_ld], [2 cl ctas][BM] */
 };
 
 /* Key tiles [t_lo, t_hi) of query tile `tile` (t_hi < 0: all of them), to
@@ -40,26 +48,28 @@ struct segment {
     int tile, t_lo, t_hi, slot;
 };
 
-/* The first split-tail key tile of block c's range. */
+/* The first split-tail key tile of unit c's range. */
 __host__ __device__ __forceinline__ int sk_start(const hopper_sched &s, int c)
 {
     return (int)((uint32_t)c * (uint32_t)(s.sk_tiles * s.n) / (uint32_t)s.ctas);
 }
 
-/* The block whose range holds split-tail key tile u. */
+/* The unit whose range holds split-tail key tile u. */
 __host__ __device__ __forceinline__ int sk_block_of(const hopper_sched &s, int u)
 {
     const uint32_t units = (uint32_t)(s.sk_tiles * s.n);
     return (int)(((uint32_t)(u + 1) * (uint32_t)s.ctas + units - 1) / units) - 1;
 }
 
-/* Block c's piece number `item`; false past its last. */
-__host__ __device__ __forceinline__ bool next_segment(const hopper_sched &s, int c, int item, segment &g)
+/* Block b's piece number `item`; false past its last. */
+__host__ __device__ __forceinline__ bool next_segment(const hopper_sched &s, int b, int item, segment &g)
 {
+    const int c = s.cl == 1 ? b : b / s.cl, rank = s.cl == 1 ? 0 : b % s.cl;
     if (item < s.dp_rounds) {
-        g.tile = c + item * s.ctas;
+        const int unit = c + item * s.ctas;
+        g.tile = unit * s.cl + rank;
         g.t_lo = 0, g.t_hi = -1, g.slot = -1;
-        return g.tile < s.dp_tiles;
+        return unit < s.dp_tiles;
     }
     const int j = item - s.dp_rounds;
     if (j > 1 || s.sk_tiles == 0)
@@ -69,38 +79,41 @@ __host__ __device__ __forceinline__ bool next_segment(const hopper_sched &s, int
     if (u >= hi)
         return false;
     const int r = (int)((uint32_t)u / (uint32_t)s.n);
-    g.tile = s.dp_tiles + r;
+    g.tile = (s.dp_tiles + r) * s.cl + rank;
     g.t_lo = u - r * s.n;
     const int end = hi - r * s.n; /* the range's end, counted from the tile's first key tile */
     g.t_hi = end < s.n ? end : s.n;
-    g.slot = g.t_lo == 0 && g.t_hi == s.n ? -1 : 2 * c + j;
+    g.slot = g.t_lo == 0 && g.t_hi == s.n ? -1 : 2 * b + j;
     return true;
 }
 
-/* The blocks [c1, c2] whose ranges touch split tile r: one block (c1 == c2)
- * means the tile was run whole and needs no merge. */
+/* The units [c1, c2] whose ranges touch split tile unit r: one (c1 == c2)
+ * means its tiles were run whole and need no merge. */
 __host__ __device__ __forceinline__ void split_blocks(const hopper_sched &s, int r, int &c1, int &c2)
 {
     c1 = sk_block_of(s, r * s.n);
     c2 = sk_block_of(s, (r + 1) * s.n - 1);
 }
 
-/* The slot of block c's piece of split tile r: its first (2 c) if its range
- * starts in r, else its second; -1 for a block whose range is empty. */
-__host__ __device__ __forceinline__ int piece_slot(const hopper_sched &s, int c, int r)
+/* The slot of block b's piece of split tile unit r: its first (2 b) if its
+ * unit's range starts in r, else its second; -1 where that range is empty. */
+__host__ __device__ __forceinline__ int piece_slot(const hopper_sched &s, int b, int r)
 {
+    const int c = s.cl == 1 ? b : b / s.cl;
     const int lo = sk_start(s, c);
     if (sk_start(s, c + 1) == lo)
         return -1;
-    return 2 * c + ((uint32_t)lo / (uint32_t)s.n == (uint32_t)r ? 0 : 1);
+    return 2 * b + ((uint32_t)lo / (uint32_t)s.n == (uint32_t)r ? 0 : 1);
 }
 
 /* The schedule of `tiles` query tiles of n key tiles each for `resident`
- * blocks at a time. Tiles that differ in length (`uniform` false: causal,
- * windowed or packed) keep one block per tile: the GPU's own block scheduler
- * balances them. ctas = -1: more tiles than 32-bit tile numbers allow. */
+ * blocks at a time, in clusters of cl blocks (1, or 2 where tiles_x is even
+ * and resident a multiple of 2: callers check). Tiles that differ in length
+ * (`uniform` false: causal, windowed or packed) keep one block per tile: the
+ * GPU's own block scheduler balances them. ctas = -1: more tiles than 32-bit
+ * tile numbers allow. */
 inline hopper_sched sched_plan(int64_t tiles, int64_t tiles_x, int64_t n, int resident, bool uniform,
-                               fmha_schedule mode)
+                               fmha_schedule mode, int cl = 1)
 {
     hopper_sched s = {};
     if (tiles > INT32_MAX / 2) {
@@ -108,6 +121,9 @@ inline hopper_sched sched_plan(int64_t tiles, int64_t tiles_x, int64_t n, int re
         return s;
     }
     s.tiles_x = (int)tiles_x;
+    s.cl = cl;
+    tiles /= cl; /* from here on, units of cl tiles and of cl blocks */
+    resident /= cl;
     if (!uniform || mode == FMHA_SCHEDULE_TILES || resident < 1) {
         s.ctas = (int)tiles;
         s.dp_rounds = 1;

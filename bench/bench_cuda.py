@@ -9,8 +9,10 @@ gpu_clock.py; nan where the driver's NVML is missing), and the CPU time of one
 fmha and one cuDNN call on an idle GPU (host µs: the part of a call that
 back-to-back timings hide).
 
-usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick] [--repeats N]
-                                  [--ab VAR=V1,V2,...] [--out FILE.md]
+usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick | --shapes A,B]
+                                  [--repeats N] [--ab VAR=V1,V2,...] [--out FILE.md]
+
+--quick runs five shapes (QUICK below); --shapes names the ones to run.
 
 --repeats N times every backend N times in turn (fmha, portable, flash, cuDNN,
 fmha, ...) and keeps each one's median: a clock or power drift during the run
@@ -150,6 +152,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfmha.so")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", help="comma-separated shape names (SHAPES) to run")
     ap.add_argument("--out")
     ap.add_argument("--no-peers", action="store_true", help="time fmha only (tuning runs)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the backends, median kept")
@@ -162,6 +165,11 @@ def main():
         ab_vals = vals.split(",")
         if not ab_var or not vals:
             sys.exit(f"--ab {opt.ab}: expected VAR=V1,V2")
+    names = [sh[0] for sh in SHAPES]
+    chosen = set(opt.shapes.split(",")) if opt.shapes else set(QUICK) if opt.quick else set(names)
+    if chosen - set(names):
+        sys.exit(f"--shapes: no shape {', '.join(sorted(chosen - set(names)))}; "
+                 f"the shapes are {', '.join(names)}")
 
     lib = load_lib(opt.lib)
 
@@ -170,7 +178,7 @@ def main():
           f"cuDNN {torch.backends.cudnn.version()}")
     rows = []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
-        if opt.quick and name not in QUICK:
+        if name not in chosen:
             continue
         q, k, v = make_inputs(b, sq, sk, h, hkv, d)
         out = torch.empty_like(q)

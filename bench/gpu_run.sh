@@ -105,9 +105,9 @@ for step in "$@"; do
                     grep -E "hopper_fwd|combine_kernel|gpu__time|sm__cycles|lts__" | sed -E 's/\(hopper_params\).*|_ZN.*hopper_fwd/hopper_fwd/'
             done
         done 2>&1 | tee "$OUT/sched-ncu.log" ;;
-    bench|bench-quick) # REPEATS=3: each backend timed three times in turn, medians kept; AB=VAR=V1,V2: fmha also under each value
+    bench|bench-quick) # REPEATS=3: each backend timed three times in turn, medians kept; AB=VAR=V1,V2: fmha also under each value; SHAPES=a,b: those shapes only
         q=""; [ "$step" = bench-quick ] && q=--quick
-        python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q --repeats "${REPEATS:-1}" ${AB:+--ab "$AB"} \
+        python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q ${SHAPES:+--shapes "$SHAPES"} --repeats "${REPEATS:-1}" ${AB:+--ab "$AB"} \
             --out "$OUT/bench_table.md" > "$OUT/bench.log" 2>&1
         summary+=("bench rc=$?"); cat "$OUT/bench.log" | grep -v "^|" ;;
     esac

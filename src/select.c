@@ -147,17 +147,18 @@ fmha_status fmha_cuda_schedule(fmha_schedule *schedule)
                           "FMHA_CUDA_SCHEDULE=%s is not one of tiles, persistent, split", env);
 }
 
-fmha_status fmha_cuda_clusters(int *on)
+fmha_status fmha_cuda_clusters(fmha_cluster_mode *mode)
 {
     const char *env = getenv("FMHA_CUDA_CLUSTER");
-    *on = 1;
-    if (!env || !*env || !strcmp(env, "1"))
+    *mode = FMHA_CLUSTER_AUTO;
+    if (!env || !*env || !strcmp(env, "auto"))
         return FMHA_STATUS_OK;
-    if (!strcmp(env, "0")) {
-        *on = 0;
+    if (!strcmp(env, "0") || !strcmp(env, "1")) {
+        *mode = env[0] == '1' ? FMHA_CLUSTER_ON : FMHA_CLUSTER_OFF;
         return FMHA_STATUS_OK;
     }
-    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "FMHA_CUDA_CLUSTER=%s is not 0 or 1", env);
+    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "FMHA_CUDA_CLUSTER=%s is not auto, 0 or 1",
+                          env);
 }
 #endif
 

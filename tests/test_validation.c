@@ -1264,27 +1264,28 @@ static void test_cuda_schedule(void)
     unsetenv("FMHA_CUDA_SCHEDULE");
 }
 
-/* Clusters sharing K/V loads: on unless FMHA_CUDA_CLUSTER=0. */
+/* Clusters sharing K/V loads: auto unless FMHA_CUDA_CLUSTER says 0 or 1. */
 static void test_cuda_clusters(void)
 {
     const struct {
         const char *env;
-        int want;
-    } cases[] = {{NULL, 1}, {"", 1}, {"1", 1}, {"0", 0}};
+        fmha_cluster_mode want;
+    } cases[] = {{NULL, FMHA_CLUSTER_AUTO}, {"", FMHA_CLUSTER_AUTO}, {"auto", FMHA_CLUSTER_AUTO},
+                 {"1", FMHA_CLUSTER_ON},    {"0", FMHA_CLUSTER_OFF}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].env)
             setenv("FMHA_CUDA_CLUSTER", cases[i].env, 1);
         else
             unsetenv("FMHA_CUDA_CLUSTER");
-        int got = -1;
+        fmha_cluster_mode got = (fmha_cluster_mode)-1;
         const fmha_status st = fmha_cuda_clusters(&got);
         TU_CHECK(st == FMHA_STATUS_OK && got == cases[i].want, "FMHA_CUDA_CLUSTER=%s: %d (%s)",
-                 cases[i].env ? cases[i].env : "(unset)", got, fmha_last_error());
+                 cases[i].env ? cases[i].env : "(unset)", (int)got, fmha_last_error());
     }
     setenv("FMHA_CUDA_CLUSTER", "yes", 1);
-    int got;
+    fmha_cluster_mode got;
     TU_CHECK(fmha_cuda_clusters(&got) == FMHA_STATUS_INVALID_ARGUMENT &&
-                 strstr(fmha_last_error(), "FMHA_CUDA_CLUSTER=yes is not 0 or 1"),
+                 strstr(fmha_last_error(), "FMHA_CUDA_CLUSTER=yes is not auto, 0 or 1"),
              "FMHA_CUDA_CLUSTER=yes: %s", fmha_last_error());
     unsetenv("FMHA_CUDA_CLUSTER");
 }

@@ -55,12 +55,14 @@ fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level);
 typedef enum { FMHA_SCHEDULE_TILES, FMHA_SCHEDULE_PERSISTENT, FMHA_SCHEDULE_SPLIT } fmha_schedule;
 fmha_status fmha_cuda_schedule(fmha_schedule *schedule);
 
-/* Whether the Hopper kernel may run two neighbouring query tiles of a head
- * as a cluster of two blocks that share each K/V tile load (TMA multicast;
+/* Whether the Hopper kernel runs two neighbouring query tiles of a head as
+ * a cluster of two blocks that share each K/V tile load (TMA multicast;
  * 16-bit inputs, D >= 128, no dropout, uniform tiles: cuda_hopper.cu,
- * cluster_fits): FMHA_CUDA_CLUSTER=1 (or unset) lets it, 0 never. Any other
- * value is INVALID_ARGUMENT. */
-fmha_status fmha_cuda_clusters(int *on);
+ * cluster_fits): FMHA_CUDA_CLUSTER=auto (or unset) where the keys are long
+ * enough for it to pay, 1 wherever it fits, 0 never. Any other value is
+ * INVALID_ARGUMENT. */
+typedef enum { FMHA_CLUSTER_OFF, FMHA_CLUSTER_ON, FMHA_CLUSTER_AUTO } fmha_cluster_mode;
+fmha_status fmha_cuda_clusters(fmha_cluster_mode *mode);
 
 /* Runs a validated problem on the current device and args->stream. Checks
  * that every pointer is device memory before anything runs. */

@@ -950,13 +950,24 @@ hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int 
     return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform, mode, cl);
 }
 
+/* Clusters where the tiles' keys number at least this many, unless
+ * FMHA_CUDA_CLUSTER says otherwise. Measured (H200, bench_cuda.py --ab
+ * FMHA_CUDA_CLUSTER=0,1, three same-process runs, bench/NOTES.md v6): FA3
+ * d128 (16384 keys) +2.9%, +3.6%, +2.9% in clusters; Flux (4608 keys) -0.6%,
+ * -2.3%, -0.6%. The two blocks of a cluster wait on each other's consumers
+ * at every K/V slot, a cost that long key ranges spread over more tiles. */
+constexpr int64_t CLUSTER_MIN_KEYS = 8192;
+
 /* Whether a launch runs in clusters of two blocks sharing K/V loads: 16-bit
  * inputs at D >= 128 without dropout, uniform tiles (not causal, windowed or
- * packed), an even number of query tiles per head, a persistent schedule. */
-bool cluster_fits(const flash_params &p, int64_t max_sq, int D, bool fp8, fmha_schedule mode)
+ * packed), an even number of query tiles per head, a persistent schedule;
+ * under auto, keys as above. */
+bool cluster_fits(const flash_params &p, int64_t max_sq, int D, bool fp8, fmha_schedule mode,
+                  fmha_cluster_mode cm)
 {
     const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
-    return !fp8 && D >= 128 && !p.drop_threshold && uniform && mode != FMHA_SCHEDULE_TILES &&
+    return cm != FMHA_CLUSTER_OFF && (cm == FMHA_CLUSTER_ON || p.sk >= CLUSTER_MIN_KEYS) && !fp8 &&
+           D >= 128 && !p.drop_threshold && uniform && mode != FMHA_SCHEDULE_TILES &&
            ((max_sq + 127) / 128) % 2 == 0;
 }
 
@@ -1134,7 +1145,7 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
     const fmha_forward_args *a = pb->args;
     fmha_status st;
     fmha_schedule mode;
-    int clusters;
+    fmha_cluster_mode clusters;
     if ((st = fmha_cuda_schedule(&mode)) != FMHA_STATUS_OK ||
         (st = fmha_cuda_clusters(&clusters)) != FMHA_STATUS_OK)
         return st;
@@ -1142,7 +1153,7 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
     const int batch = (int)pb->batch;
     constexpr bool TWO = TL::FP8 && D <= 128;
     constexpr int CL2 = TL::FP8 || D < 128 ? 1 : 2; /* the variants that may run in clusters */
-    const bool cl = CL2 > 1 && clusters && cluster_fits(hp.p, max_sq, D, TL::FP8, mode);
+    const bool cl = CL2 > 1 && cluster_fits(hp.p, max_sq, D, TL::FP8, mode, clusters);
     /* In clusters each block loads half of a K/V tile's rows. */
     const int kv_rows = cl ? TL::BN / CL2 : TL::BN;
     if ((st = make_map(&hp.tq, a->q, TL::BM, IN, "q")) != FMHA_STATUS_OK ||

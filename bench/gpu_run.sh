@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant]
+# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant] [quant-ncu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -82,6 +82,13 @@ for step in "$@"; do
         summary+=("memcheck fp8 rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_fp8.log" | tail -1)")
         python3 bench/bench_quant.py --lib build-gpu/libfmha.so > "$OUT/bench_quant.log" 2>&1
         summary+=("bench_quant rc=$?"); cat "$OUT/bench_quant.log" ;;
+    quant-ncu) # the per-block quantizer's launch on bench_quant's tensor under Nsight Compute (clocks left alone)
+        timeout 240 ncu --clock-control none --kernel-name regex:quant_local --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section LaunchStats --metrics dram__bytes_read.sum.per_second,dram__bytes_write.sum.per_second \
+            python3 bench/bench_quant.py --lib build-gpu/libfmha.so --iters 1 > "$OUT/quant-ncu.txt" 2>&1
+        summary+=("quant-ncu rc=$?")
+        grep -E "Duration|DRAM Throughput|Memory Throughput|dram__|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|No Eligible|L2 Hit|Waves" "$OUT/quant-ncu.txt" | head -30 ;;
     fp8|fp8-quick) # FP8 attention against fmha bf16 and cuDNN, both accumulation modes, accuracy
         q=""; [ "$step" = fp8-quick ] && q=--quick
         python3 bench/bench_fp8.py --lib build-gpu/libfmha.so $q > "$OUT/bench_fp8.log" 2>&1

@@ -952,10 +952,14 @@ hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int 
 
 /* Clusters where the tiles' keys number at least this many, unless
  * FMHA_CUDA_CLUSTER says otherwise. Measured (H200, bench_cuda.py --ab
- * FMHA_CUDA_CLUSTER=0,1, three same-process runs, bench/NOTES.md v6): FA3
- * d128 (16384 keys) +2.9%, +3.6%, +2.9% in clusters; Flux (4608 keys) -0.6%,
- * -2.3%, -0.6%. The two blocks of a cluster wait on each other's consumers
- * at every K/V slot, a cost that long key ranges spread over more tiles. */
+ * FMHA_CUDA_CLUSTER=0,1, three same-process runs, bench/RESULTS.md): in
+ * clusters FA3 d128 (16384 keys) +2.9%, +3.6%, +0.9%, d256 +0.7%, +2.6%,
+ * +2.0%, Wan 480p (32760) +8.7%, +3.5%, Wan 720p (75600) -0.1%, -0.3%; Flux
+ * (4608) -0.6%, -2.3%, -2.2%. The two blocks of a cluster wait on each
+ * other's consumers at every K/V slot, a cost that long key ranges spread
+ * over more tiles; what they gain is likely power (L2 -> SM traffic falls
+ * from 3.5-3.8 to 3.0 TB/s, and long runs sit at the board's power limit),
+ * not measured directly. */
 constexpr int64_t CLUSTER_MIN_KEYS = 8192;
 
 /* Whether a launch runs in clusters of two blocks sharing K/V loads: 16-bit

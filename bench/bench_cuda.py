@@ -7,7 +7,9 @@ the ratio to each peer, fmha's relative L2 error against torch flash, and the
 median SM clock and board power while fmha and cuDNN were timed (NVML,
 gpu_clock.py; nan where the driver's NVML is missing), and the CPU time of one
 fmha and one cuDNN call on an idle GPU (host µs: the part of a call that
-back-to-back timings hide).
+back-to-back timings hide), and the energy each spends per FLOP (pJ/FLOP: the
+board's energy counter over ~2 s of back-to-back calls, gpu_clock.py), which
+sets their ratio once the board sits at its power limit.
 
 usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick | --shapes A,B]
                                   [--repeats N] [--ab VAR=V1,V2,...] [--out FILE.md]
@@ -41,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_clock import ClockSampler  # noqa: E402
+from gpu_clock import ClockSampler, energy_per_call  # noqa: E402
 
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
 SHAPES = [
@@ -252,6 +254,9 @@ def main():
                     print(f"{name}: {label}: {str(e).splitlines()[0]}")
         host = {label: host_us(fn) if not math.isnan(times.get(label, [math.nan])[0]) else math.nan
                 for label, fn, _ in impls if label in ("fmha", "cudnn")}
+        pj = {label: energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12
+              if not math.isnan(times.get(label, [math.nan])[0]) else math.nan
+              for label, fn, _ in impls if label in ("fmha", "cudnn")}
         t = {label: statistics.median(v) for label, v in times.items()}
         clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
                for label, v in clocks.items()}
@@ -263,12 +268,14 @@ def main():
         nan2 = (math.nan, math.nan)
         (mf, wf), (mc, wc) = clk.get("fmha", nan2), clk.get("cudnn", nan2)
         hf, hc = host.get("fmha", math.nan), host.get("cudnn", math.nan)
-        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err, mf, mc, wf, wc, hf, hc))
+        ef, ec = pj.get("fmha", math.nan), pj.get("cudnn", math.nan)
+        rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err, mf, mc, wf, wc, hf, hc,
+                     ef, ec))
         print(f"{name:22s} fmha {tf['fmha']:6.1f}  portable {tf['portable']:6.1f}"
               f"  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
               f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}"
-              f"  host us {hf:.0f}/{hc:.0f}", flush=True)
+              f"  host us {hf:.0f}/{hc:.0f}  pJ/FLOP {ef:.3f}/{ec:.3f}", flush=True)
         for val in ab_vals:
             label = f"{ab_var}={val}"
             mhz = clk.get(label, nan2)[0]
@@ -278,12 +285,12 @@ def main():
 
     table = ["| shape | fmha TFLOP/s | fmha portable | torch flash (FA2) | torch cuDNN | fmha / flash "
              "| fmha / cuDNN | rel. L2 vs flash | SM MHz fmha / cuDNN | W fmha / cuDNN "
-             "| host µs fmha / cuDNN |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc in rows:
+             "| host µs fmha / cuDNN | pJ/FLOP fmha / cuDNN |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc, ef, ec in rows:
         table.append(f"| {name} | {a:.1f} | {pt:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} "
                      f"| {a / cu:.2f} | {err:.1e} | {mf:.0f} / {mc:.0f} | {wf:.0f} / {wc:.0f} "
-                     f"| {hf:.0f} / {hc:.0f} |")
+                     f"| {hf:.0f} / {hc:.0f} | {ef:.3f} / {ec:.3f} |")
     print("\n".join(table))
     if opt.out:
         with open(opt.out, "w") as f:

@@ -7,6 +7,12 @@ long run of one kernel can be clocked lower than another's.
         do_bench(fn)
     mhz, watts = s.result()   # medians over the samples; nan without NVML
 
+    joules = energy_per_call(fn, torch.cuda.synchronize)   # nan without NVML
+
+energy_per_call runs fn back to back and reads the board's energy counter
+around the run: at the board's power limit a kernel's speed follows the energy
+it spends per FLOP, which this measures directly.
+
 Device index 0 of NVML: meant for one-GPU machines, where it is the GPU that
 torch uses.
 """
@@ -15,6 +21,7 @@ import functools
 import math
 import statistics
 import threading
+import time
 
 NVML_CLOCK_SM = 1
 
@@ -86,3 +93,45 @@ class ClockSampler:
             return math.nan, math.nan
         return (statistics.median(s[0] for s in self.samples),
                 statistics.median(s[1] for s in self.samples))
+
+
+def nvml_energy():
+    """A function returning the board's energy counter in joules (NVML counts from
+    the driver's load), or None without NVML."""
+    nvml = _load_nvml()
+    if nvml is None:
+        return None
+    lib, dev = nvml
+
+    def read():
+        mj = C.c_ulonglong(0)
+        if lib.nvmlDeviceGetTotalEnergyConsumption(dev, C.byref(mj)) != 0:
+            return None
+        return mj.value / 1000.0
+    return read
+
+
+def energy_per_call(fn, sync, seconds=2.0, reader=None):
+    """Joules per call of fn, run back to back (no cache flush between calls) for
+    about `seconds` after one warm-up call: the energy counter's growth over the
+    run divided by the calls. nan without NVML. The counter advances in steps
+    (milliseconds to tens of them, by driver), so runs of seconds keep its
+    rounding near 1%."""
+    read = reader if reader is not None else nvml_energy()
+    if read is None:
+        return math.nan
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    per_call = max(time.perf_counter() - t0, 1e-6)
+    n = max(1, int(seconds / per_call))
+    e0 = read()
+    for _ in range(n):
+        fn()
+    sync()
+    e1 = read()
+    if e0 is None or e1 is None:
+        return math.nan
+    return (e1 - e0) / n

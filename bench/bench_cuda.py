@@ -252,11 +252,11 @@ def main():
                 except Exception as e:  # a backend that refuses a shape
                     times[label] = [math.nan]
                     print(f"{name}: {label}: {str(e).splitlines()[0]}")
-        host = {label: host_us(fn) if not math.isnan(times.get(label, [math.nan])[0]) else math.nan
-                for label, fn, _ in impls if label in ("fmha", "cudnn")}
-        pj = {label: energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12
-              if not math.isnan(times.get(label, [math.nan])[0]) else math.nan
-              for label, fn, _ in impls if label in ("fmha", "cudnn")}
+        # Host cost and energy of fmha and cuDNN where they ran (missing ones print as nan).
+        ran = [(label, fn) for label, fn, _ in impls
+               if label in ("fmha", "cudnn") and not math.isnan(times[label][0])]
+        host = {label: host_us(fn) for label, fn in ran}
+        pj = {label: energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12 for label, fn in ran}
         t = {label: statistics.median(v) for label, v in times.items()}
         clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
                for label, v in clocks.items()}

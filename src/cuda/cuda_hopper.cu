@@ -940,14 +940,21 @@ fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int i
 
 cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream);
 
+/* Every query tile of the launch sees the same keys: not causal, windowed
+ * or packed. */
+bool uniform_tiles(const flash_params &p)
+{
+    return !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
+}
+
 /* The launch's schedule (hopper_sched.cuh) for `resident` blocks at a time,
  * in FMHA_CUDA_SCHEDULE's mode (cuda.h). */
 hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int BN, int resident,
                   fmha_schedule mode, int cl)
 {
     const int64_t tiles_x = (max_sq + BM - 1) / BM;
-    const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
-    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform, mode, cl);
+    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform_tiles(p),
+                      mode, cl);
 }
 
 /* Clusters where the tiles' keys number at least this many, unless
@@ -962,17 +969,13 @@ hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int 
  * not measured directly. */
 constexpr int64_t CLUSTER_MIN_KEYS = 8192;
 
-/* Whether a launch runs in clusters of two blocks sharing K/V loads: 16-bit
- * inputs at D >= 128 without dropout, uniform tiles (not causal, windowed or
- * packed), an even number of query tiles per head, a persistent schedule;
- * under auto, keys as above. */
-bool cluster_fits(const flash_params &p, int64_t max_sq, int D, bool fp8, fmha_schedule mode,
-                  fmha_cluster_mode cm)
+/* Whether a launch of a variant that has clusters (launch: 16-bit, D >=
+ * 128) runs in them: no dropout, uniform tiles, an even number of query
+ * tiles per head, a persistent schedule; under auto, keys as above. */
+bool cluster_fits(const flash_params &p, int64_t tiles_x, fmha_schedule mode, fmha_cluster_mode cm)
 {
-    const bool uniform = !p.varlen && !p.causal && p.window_left < 0 && p.window_right < 0;
-    return cm != FMHA_CLUSTER_OFF && (cm == FMHA_CLUSTER_ON || p.sk >= CLUSTER_MIN_KEYS) && !fp8 &&
-           D >= 128 && !p.drop_threshold && uniform && mode != FMHA_SCHEDULE_TILES &&
-           ((max_sq + 127) / 128) % 2 == 0;
+    return cm != FMHA_CLUSTER_OFF && (cm == FMHA_CLUSTER_ON || p.sk >= CLUSTER_MIN_KEYS) &&
+           !p.drop_threshold && uniform_tiles(p) && mode != FMHA_SCHEDULE_TILES && tiles_x % 2 == 0;
 }
 
 /* The kernel on its schedule; a split tail's partials live in pooled
@@ -1156,8 +1159,8 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
     const int64_t max_sq = pb->max_sq;
     const int batch = (int)pb->batch;
     constexpr bool TWO = TL::FP8 && D <= 128;
-    constexpr int CL2 = TL::FP8 || D < 128 ? 1 : 2; /* the variants that may run in clusters */
-    const bool cl = CL2 > 1 && cluster_fits(hp.p, max_sq, D, TL::FP8, mode, clusters);
+    constexpr int CL2 = TL::FP8 || D < 128 ? 1 : 2; /* clusters: 16-bit variants at D >= 128 */
+    const bool cl = CL2 > 1 && cluster_fits(hp.p, (max_sq + TL::BM - 1) / TL::BM, mode, clusters);
     /* In clusters each block loads half of a K/V tile's rows. */
     const int kv_rows = cl ? TL::BN / CL2 : TL::BN;
     if ((st = make_map(&hp.tq, a->q, TL::BM, IN, "q")) != FMHA_STATUS_OK ||

@@ -12,13 +12,13 @@ static void describe(const tcase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
              "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s layouts=%d%d%d "
-             "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld",
+             "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld ramp=%d",
              c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
              (long long)c->batch, (long long)c->sq, (long long)c->sk,
              (long long)c->heads, (long long)c->kv, (long long)c->d, (long long)c->dv,
              fmha_dtype_name(c->dt), fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal,
              (long long)c->wl, (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse,
-             (int)c->dl, (long long)c->dblock);
+             (int)c->dl, (long long)c->dblock, c->ramp);
 }
 
 /* Max |x - ref| over the output view, with -inf LSE handled. */
@@ -101,6 +101,20 @@ typedef struct fp8_inputs {
     tu_tensor deq[3];  /* q, k, v dequantized to f32, BSHD */
 } fp8_inputs;
 
+/* Ramp inputs (tcase.ramp): channel e < d / 2 of q is 0.5 and of k 0.7 * key
+ * / keys, and q's other channels are a tenth of their random values, so every
+ * row's scores climb steadily along the keys (by scale * d * 0.175 over all
+ * of them) and its running max moves by small steps, tile after tile. x is
+ * the random value the element would have held. */
+static double ramp_value(const tcase *c, int which, int64_t tok, int64_t keys, int64_t e, double x)
+{
+    if (!c->ramp || which == 2)
+        return x;
+    if (e >= c->d / 2)
+        return which == 0 ? 0.1 * x : x;
+    return which == 0 ? 0.5 : 0.7 * (double)tok / (double)(keys > 1 ? keys - 1 : 1);
+}
+
 /* One descale per group, log-uniform within 4x of 3/448 (so that N(0, 1)
  * values fill the format), the codes of N(0, 1) values, and f32 copies of
  * what the codes stand for. */
@@ -124,7 +138,8 @@ static void fp8_fill(const tcase *c, tu_rng *rng, tu_tensor *xs[3], const int32_
                     float *drow = (float *)f->deq[i].alloc +
                                   ((tb * t->seqlen + tok) * t->heads + h) * t->head_dim;
                     for (int64_t e = 0; e < t->head_dim; e++) {
-                        row[e] = fmha_f32_to_e4m3((float)tu_normal(rng) / d);
+                        const double x = ramp_value(c, i, tok, t->seqlen, e, tu_normal(rng));
+                        row[e] = fmha_f32_to_e4m3((float)x / d);
                         drow[e] = fmha_e4m3_to_f32(row[e]) * d;
                     }
                 }
@@ -191,6 +206,15 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
         tu_fill_normal(&q, rng, 1.0);
         tu_fill_normal(&k, rng, 1.0);
         tu_fill_normal(&v, rng, 1.0);
+        tu_tensor *qk[2] = {&q, &k};
+        for (int i = 0; i < 2 && c->ramp; i++) {
+            const fmha_tensor *t = &qk[i]->t;
+            for (int64_t b = 0; b < t->batch; b++)
+                for (int64_t s = 0; s < t->seqlen; s++)
+                    for (int64_t h = 0; h < t->heads; h++)
+                        for (int64_t e = 0; e < c->d; e++)
+                            tu_set(qk[i], b, s, h, e, ramp_value(c, i, s, t->seqlen, e, tu_get(qk[i], b, s, h, e)));
+        }
     }
 
     int64_t nl = c->heads * tq * tb;

@@ -86,6 +86,12 @@ double tu_get(const tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c)
     return fmha_load_f32((const char *)x->alloc + elem_offset(x, b, s, h, 0) * es, x->t.dtype, c);
 }
 
+void tu_set(tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c, double v)
+{
+    size_t es = fmha_dtype_size(x->t.dtype);
+    fmha_store_f32((char *)x->alloc + elem_offset(x, b, s, h, 0) * es, x->t.dtype, c, (float)v);
+}
+
 int tu_gaps_untouched(const tu_tensor *x, unsigned char poison)
 {
     const fmha_tensor *t = &x->t;

@@ -32,6 +32,7 @@ void tu_tensor_init(tu_tensor *x, fmha_dtype dtype, int64_t b, int64_t s, int64_
 void tu_tensor_free(tu_tensor *x);
 void tu_fill_normal(tu_tensor *x, tu_rng *r, double sigma);
 double tu_get(const tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c);
+void tu_set(tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c, double v);
 /* Relative L2 distance of x from ref over x's view (same shapes). */
 double tu_rel_l2(const tu_tensor *x, const tu_tensor *ref);
 /* 1 if every byte of the allocation outside the view still equals `poison`. */

@@ -56,6 +56,16 @@ static double lse_err(const float *x, const float *ref, int64_t n, int *bad)
     return e;
 }
 
+/* The largest finite |LSE| of the reference: about its largest score. */
+static double lse_absmax(const float *ref, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(ref[i]) && fabs((double)ref[i]) > m)
+            m = fabs((double)ref[i]);
+    return m;
+}
+
 /* ------------------------------------------------------------------- FP8 */
 
 /* The sequence token `tok` of tensor batch tb belongs to (0 for tokens of none). */
@@ -213,7 +223,8 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
                 for (int64_t s = 0; s < t->seqlen; s++)
                     for (int64_t h = 0; h < t->heads; h++)
                         for (int64_t e = 0; e < c->d; e++)
-                            tu_set(qk[i], b, s, h, e, ramp_value(c, i, s, t->seqlen, e, tu_get(qk[i], b, s, h, e)));
+                            tu_set(qk[i], b, s, h, e,
+                                   ramp_value(c, i, s, t->seqlen, e, tu_get(qk[i], b, s, h, e)));
         }
     }
 
@@ -277,12 +288,19 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
         TU_CHECK(tu_gaps_untouched(&out, 0xFF), "%s: wrote outside the output view", desc);
         if (c->lse && !empty) {
             int lbad = 0, lnbad = 0;
-            double le = lse_err(lse, lse_ref, c->varlen ? c->heads * tq : nl, &lbad);
-            double len = lse_err(lse_naive, lse_ref, c->varlen ? c->heads * tq : nl, &lnbad);
-            /* FP8 tensor cores add up Q K^T in fewer bits than f32 (~2^-13 of
-             * the largest term, bench/NOTES.md): the scores, and so the LSE,
-             * carry ~1e-4 that no f32 model reproduces. */
-            const double lse_floor = f8 && c->device == FMHA_DEVICE_CUDA ? 1e-3 : 1e-5;
+            const int64_t nlse = c->varlen ? c->heads * tq : nl;
+            double le = lse_err(lse, lse_ref, nlse, &lbad);
+            double len = lse_err(lse_naive, lse_ref, nlse, &lnbad);
+            /* FP8 tensor cores add up Q K^T in fewer bits than f32: each of a
+             * score's D / 32 wgmma steps keeps ~2^-13 of the running sum
+             * (bench/NOTES.md), so a score, and the LSE, can be off by about
+             * (D / 32) 2^-13 of the largest score, which no f32 model
+             * reproduces: ~1e-4 on N(0, 1) inputs, 0.0245 on ramp inputs whose
+             * scores reach 56 (0.9 of that bound). */
+            const double lse_floor =
+                f8 && c->device == FMHA_DEVICE_CUDA
+                    ? 1e-3 + 1.5 * ((double)c->d / 32.0) * 0x1p-13 * lse_absmax(lse_ref, nlse)
+                    : 1e-5;
             TU_CHECK(!lbad && le <= 4.0 * len + lse_floor, "%s: lse error %.3g (naive %.3g)%s", desc,
                      le, len, lbad ? " bad -inf/non-finite" : "");
         }

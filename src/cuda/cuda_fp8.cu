@@ -7,9 +7,12 @@
 #include "cuda_common.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
+#include <type_traits>
 
 namespace cg = cooperative_groups;
 
@@ -175,26 +178,84 @@ template <fmha_dtype DT, int W> __device__ __forceinline__ float abs_at(const ve
     return __half2float(__ushort_as_half((unsigned short)((i & 1 ? word >> 16 : word) & 0x7fffu)));
 }
 
-template <fmha_dtype DT, int W>
-__device__ __forceinline__ float vec_amax(const vec<DT, W> &v, float m)
+/* Element i as float, exactly, sign included. */
+template <fmha_dtype DT, int W> __device__ __forceinline__ float elem_at(const vec<DT, W> &v, int i)
 {
-#pragma unroll
-    for (int i = 0; i < W; i++)
-        m = fmaxf(m, abs_at(v, i)); /* fmaxf returns the other operand for NaN: ignored */
+    if (DT == FMHA_DTYPE_F32)
+        return __uint_as_float(v.w[i]);
+    const uint32_t word = v.w[i / 2];
+    if (DT == FMHA_DTYPE_BF16)
+        return __uint_as_float(i & 1 ? word & 0xffff0000u : word << 16);
+    return __half2float(__ushort_as_half((unsigned short)(i & 1 ? word >> 16 : word)));
+}
+
+/* A thread's running max of |x|: a float, or for vectors of f16/bf16 one max
+ * per 16-bit lane of a word (PACKED), folded into a float by amax_value. */
+template <fmha_dtype DT, int W> struct amax_of {
+    static constexpr bool PACKED = DT != FMHA_DTYPE_F32 && W > 1;
+    typedef typename std::conditional<PACKED, uint32_t, float>::type type;
+};
+
+/* max per 16-bit lane (max.bf16x2 / max.f16x2): like fmaxf, a NaN lane gives
+ * the other operand's, so NaN is ignored. */
+template <fmha_dtype DT> __device__ __forceinline__ uint32_t hmax2(uint32_t a, uint32_t b)
+{
+    uint32_t m;
+    if (DT == FMHA_DTYPE_BF16) {
+        __nv_bfloat162 x, y, r;
+        memcpy(&x, &a, 4), memcpy(&y, &b, 4);
+        r = __hmax2(x, y);
+        memcpy(&m, &r, 4);
+    } else {
+        __half2 x, y, r;
+        memcpy(&x, &a, 4), memcpy(&y, &b, 4);
+        r = __hmax2(x, y);
+        memcpy(&m, &r, 4);
+    }
     return m;
 }
 
-/* The sign bits of elements 4k .. 4k + 3 at bits 7, 15, 23, 31: the sign of
- * each code is x's own (a NaN keeps its sign too). */
+/* Packed, two elements take one sign mask and one max instead of two
+ * conversions and two float maxima. */
+template <fmha_dtype DT, int W>
+__device__ __forceinline__ typename amax_of<DT, W>::type vec_amax(const vec<DT, W> &v,
+                                                                  typename amax_of<DT, W>::type m)
+{
+    if constexpr (amax_of<DT, W>::PACKED) {
+#pragma unroll
+        for (int i = 0; i < vec<DT, W>::WORDS; i++)
+            m = hmax2<DT>(m, v.w[i] & 0x7fff7fffu);
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            m = fmaxf(m, abs_at(v, i)); /* fmaxf returns the other operand for NaN: ignored */
+    }
+    return m;
+}
+
+/* m as one float; a packed m starts at 0 and so holds no NaN. */
+template <fmha_dtype DT, int W>
+__device__ __forceinline__ float amax_value(typename amax_of<DT, W>::type m)
+{
+    if constexpr (amax_of<DT, W>::PACKED) {
+        const vec<DT, 2> pair = {{m}};
+        return fmaxf(elem_at(pair, 0), elem_at(pair, 1));
+    } else {
+        return m;
+    }
+}
+
+/* Bytes whose bit 7 is the sign of elements 4k .. 4k + 3 (the other bits are
+ * not defined): the sign of each code is x's own (a NaN keeps its sign too). */
 template <fmha_dtype DT, int W>
 __device__ __forceinline__ uint32_t signs4(const vec<DT, W> &v, int k)
 {
     if (DT == FMHA_DTYPE_F32) {
         const uint32_t lo = __byte_perm(v.w[4 * k], v.w[4 * k + 1], 0x0073);
         const uint32_t hi = __byte_perm(v.w[4 * k + 2], v.w[4 * k + 3], 0x7300);
-        return __byte_perm(lo, hi, 0x7610) & 0x80808080u;
+        return __byte_perm(lo, hi, 0x7610);
     }
-    return __byte_perm(v.w[2 * k], v.w[2 * k + 1], 0x7531) & 0x80808080u;
+    return __byte_perm(v.w[2 * k], v.w[2 * k + 1], 0x7531);
 }
 
 /* --------------------------------------------------------------- E4M3 */
@@ -217,9 +278,10 @@ __device__ __forceinline__ uint32_t e4m3_soft(float q)
 }
 #endif
 
-/* Codes of lo (low byte) and hi. sm_89 and later convert in one instruction,
- * which rounds to nearest even, keeps subnormals and with .satfinite maps
- * everything above 448 to 448 and NaN to 0x7F: the same function. */
+/* Codes of lo (low byte) and hi, sign bits not defined. sm_89 and later
+ * convert in one instruction, which rounds to nearest even, keeps subnormals
+ * and with .satfinite maps everything above 448 to 448 and NaN to a NaN
+ * code: on |q|, the same function. */
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi)
 {
 #if __CUDA_ARCH__ >= 890
@@ -227,7 +289,25 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi)
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
 #else
-    return e4m3_soft(lo) | e4m3_soft(hi) << 8;
+    return e4m3_soft(fabsf(lo)) | e4m3_soft(fabsf(hi)) << 8;
+#endif
+}
+
+/* Codes of a (low byte), b, c, d, like e4m3x2; the two halves go straight
+ * into one register (no zero extension of each, then a permute). */
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d)
+{
+#if __CUDA_ARCH__ >= 890
+    uint32_t r;
+    asm("{\n\t.reg .b16 lo, hi;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+        "mov.b32 %0, {lo, hi};\n\t}"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return r;
+#else
+    return e4m3x2(a, b) | e4m3x2(c, d) << 16;
 #endif
 }
 
@@ -264,14 +344,28 @@ template <bool FAST> __device__ __forceinline__ float quotient(float a, float s,
     return __fmaf_rn(e, r, q);
 }
 
-/* Encodes one vector into y: |x| / s to E4M3, x's sign on top. */
-template <fmha_dtype DT, int W, bool FAST>
-__device__ __forceinline__ void encode_store(const vec<DT, W> &v, uint8_t *y, float s, float r)
+/* Bits of a where mask is set, of b elsewhere: one LOP3 (ptxas spends two
+ * on the same function written in C). */
+__device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b)
 {
-    if (W == 1) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xe2;" : "=r"(r) : "r"(a), "r"(mask), "r"(b));
+    return r;
+}
+
+/* Codes of one vector (bytes of .x, then .y): |x| / s to E4M3, x's sign on
+ * top. The quotient is of x itself, not |x| (one instruction less per
+ * element): each of its steps rounds to nearest, which commutes with
+ * negation, so x and -x give quotients of one magnitude (a zero's sign
+ * aside), and so codes that differ in the sign bit alone; that bit becomes
+ * x's, which also gives -0 and NaN theirs whatever sign the arithmetic gives
+ * them. */
+template <fmha_dtype DT, int W, bool FAST>
+__device__ __forceinline__ uint2 encode(const vec<DT, W> &v, float s, float r)
+{
+    if constexpr (W == 1) {
         const uint32_t sign = (v.w[0] >> (8 * elem_size<DT>::value - 8)) & 0x80u;
-        __stcs((unsigned char *)y,
-               (unsigned char)((e4m3x2(quotient<FAST>(abs_at(v, 0), s, r), 0.0f) & 0x7fu) | sign));
+        return make_uint2((e4m3x2(quotient<FAST>(elem_at(v, 0), s, r), 0.0f) & 0x7fu) | sign, 0u);
     } else {
         uint32_t out[2];
 #pragma unroll
@@ -279,27 +373,52 @@ __device__ __forceinline__ void encode_store(const vec<DT, W> &v, uint8_t *y, fl
             float q[4];
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                q[i] = quotient<FAST>(abs_at(v, 4 * k + i), s, r);
-            /* & 0x7F7F7F7F: a NaN takes x's sign, whatever sign the converter gives it */
-            const uint32_t codes = __byte_perm(e4m3x2(q[0], q[1]), e4m3x2(q[2], q[3]), 0x5410);
-            out[k] = (codes & 0x7f7f7f7fu) | signs4(v, k);
+                q[i] = quotient<FAST>(elem_at(v, 4 * k + i), s, r);
+            out[k] = select_bits(0x80808080u, signs4(v, k), e4m3x4(q[0], q[1], q[2], q[3]));
         }
-        __stcs((uint2 *)y, make_uint2(out[0], out[1]));
+        return make_uint2(out[0], out[1]);
+    }
+}
+
+/* Stores the codes of a vector if `store`: a predicated store, where a
+ * branch around it would cost three instructions more (the codes are then
+ * computed in any case). */
+template <int W> __device__ __forceinline__ void store_codes(uint8_t *y, uint2 c, bool store)
+{
+    if constexpr (W == 1) {
+        if (store)
+            __stcs((unsigned char *)y, (unsigned char)c.x);
+    } else {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "setp.ne.u32 p, %0, 0;\n\t"
+                     "@p st.global.cs.v2.u32 [%1], {%2, %3};\n\t}"
+                     :
+                     : "r"((uint32_t)store), "l"(y), "r"(c.x), "r"(c.y)
+                     : "memory");
     }
 }
 
 /* ---------------------------------------------------------------- tiles */
 
+/* The addresses of vector (row, col) in x and y. row and col are never
+ * negative; as unsigned they save two multiply-adds per address. */
 template <fmha_dtype DT, int W>
 __device__ __forceinline__ const char *x_at(const quant_params &p, const tile &tl, int row, int col)
 {
-    return tl.x + row * p.xs_s + (int64_t)col * (W * elem_size<DT>::value);
+    return tl.x + (uint32_t)row * p.xs_s + (uint32_t)col * (uint32_t)(W * elem_size<DT>::value);
+}
+
+template <int W>
+__device__ __forceinline__ uint8_t *y_at(const quant_params &p, const tile &tl, int row, int col)
+{
+    return tl.y + (uint32_t)row * p.ys_s + (uint32_t)col * (uint32_t)W;
 }
 
 /* The largest |x| among this thread's vectors of the tile (NaN ignored). */
 template <fmha_dtype DT, int W, int POLICY>
 __device__ __forceinline__ float tile_amax(const quant_params &p, const tile &tl, float m)
 {
+    typename amax_of<DT, W>::type a = 0;
     int row, col;
     first_slot(p, row, col);
     while (row < tl.rows) {
@@ -314,9 +433,9 @@ __device__ __forceinline__ float tile_amax(const quant_params &p, const tile &tl
         }
 #pragma unroll
         for (int k = 0; k < GRID_SLOTS; k++)
-            m = vec_amax(v[k], m);
+            a = vec_amax(v[k], a);
     }
-    return m;
+    return fmaxf(m, amax_value<DT, W>(a));
 }
 
 template <fmha_dtype DT, int W, int POLICY, bool FAST>
@@ -336,7 +455,7 @@ __device__ __forceinline__ void tile_encode(const quant_params &p, const tile &t
 #pragma unroll
         for (int k = 0; k < GRID_SLOTS; k++) { /* the same slots again, cheaper than keeping them */
             if (r0 < tl.rows)
-                encode_store<DT, W, FAST>(v[k], tl.y + r0 * p.ys_s + (int64_t)c0 * W, s, r);
+                store_codes<W>(y_at<W>(p, tl, r0, c0), encode<DT, W, FAST>(v[k], s, r), true);
             next_slot(p, r0, c0);
         }
     }
@@ -425,8 +544,8 @@ __device__ __forceinline__ void slots_encode(const quant_params &p, const tile &
     first_slot(p, row, col);
 #pragma unroll
     for (int k = 0; k < LOCAL_SLOTS; k++) {
-        if (row < tl.rows)
-            encode_store<DT, W, FAST>(v[k], tl.y + row * p.ys_s + (int64_t)col * W, s, r);
+        /* an empty slot (zeros) is encoded too, and its store skipped */
+        store_codes<W>(y_at<W>(p, tl, row, col), encode<DT, W, FAST>(v[k], s, r), row < tl.rows);
         next_slot(p, row, col);
     }
 }
@@ -452,9 +571,11 @@ __global__ void __launch_bounds__(NT) quant_local(const quant_params p)
                                      : vec<DT, W>{};
                 next_slot(p, row, col);
             }
+            typename amax_of<DT, W>::type a = 0;
 #pragma unroll
             for (int k = 0; k < LOCAL_SLOTS; k++)
-                m = vec_amax(v[k], m);
+                a = vec_amax(v[k], a);
+            m = amax_value<DT, W>(a);
         } else {
             m = tile_amax<DT, W, LD_DEFAULT>(p, tl, m);
         }

@@ -200,18 +200,12 @@ template <fmha_dtype DT, int W> struct amax_of {
  * the other operand's, so NaN is ignored. */
 template <fmha_dtype DT> __device__ __forceinline__ uint32_t hmax2(uint32_t a, uint32_t b)
 {
+    typedef typename std::conditional<DT == FMHA_DTYPE_BF16, __nv_bfloat162, __half2>::type pair;
+    pair x, y;
+    memcpy(&x, &a, 4), memcpy(&y, &b, 4);
+    const pair r = __hmax2(x, y);
     uint32_t m;
-    if (DT == FMHA_DTYPE_BF16) {
-        __nv_bfloat162 x, y, r;
-        memcpy(&x, &a, 4), memcpy(&y, &b, 4);
-        r = __hmax2(x, y);
-        memcpy(&m, &r, 4);
-    } else {
-        __half2 x, y, r;
-        memcpy(&x, &a, 4), memcpy(&y, &b, 4);
-        r = __hmax2(x, y);
-        memcpy(&m, &r, 4);
-    }
+    memcpy(&m, &r, 4);
     return m;
 }
 

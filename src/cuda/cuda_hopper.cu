@@ -138,13 +138,23 @@ __device__ __forceinline__ void for_each_piece(const hopper_sched &s, const flas
     }
 }
 
+/* The lazy max's slack (consumer::softmax), log2 units: 16-bit P takes 2^8
+ * with room to spare; FP8's P shares e4m3's 448 with the 2^p_shift that keeps
+ * small P out of the subnormals (2^2 * 2^6). Measured against a max that
+ * moves every tile (H200, 2026-12-03): FP8 single-level +4.1% (FA3 d128),
+ * +6.2% (Wan 480p), +3.6% (Flux), two runs back to back; 16-bit, one process,
+ * within the board's power-limited spread: FA3 d128 +3.8%, Flux +0.6% and
+ * -1.6%, Wan 720p +0.3%. */
+__host__ __device__ constexpr float lazy_tau(int in) { return in == IN_E4M3 ? 2.0f : 8.0f; }
+
 struct hopper_params {
     flash_params p;
     hopper_sched s;
     CUtensorMap tq, tk, tv; /* FP8: tv maps V^T */
     int o_vec;              /* out rows take 16-byte stores (16-bit out, aligned) */
     float p_shift;          /* FP8: P is stored times 2^p_shift, to stay above e4m3's subnormals */
-    float tau;              /* the lazy max's slack (consumer::softmax): P <= 2^tau */
+    float tau;              /* lazy_tau of the launch's input kind (a parameter: as a constant, ptxas
+                               spills 8 bytes more in the dropout variants) */
 };
 
 /* ------------------------------------------------------------ PTX wrappers */
@@ -355,9 +365,9 @@ template <int D, int IN> struct consumer {
     /* Online softmax: the running max and sum, P = exp2 in place (times
      * 2^shift), and the factor alpha by which O must shrink. A row's keys sit
      * in one quad. The max moves lazily: a warp keeps its rows' old maxima,
-     * and O unscaled, unless one of its rows grew by more than tau (log2
-     * units), so P stays below 2^tau (times 2^shift). Returns whether the
-     * max moved, i.e. whether O must be rescaled by alpha. */
+     * and O unscaled, unless one of its rows grew by more than tau
+     * (hopper_params, log2 units), so P stays below 2^tau (times 2^shift).
+     * Returns whether the max moved, i.e. whether O must be rescaled. */
     static __device__ __forceinline__ bool softmax(float *sc, float *m_row, float *l_row, float *alpha,
                                                    float scale_log2, float shift, float tau)
     {
@@ -1173,6 +1183,7 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
 {
     typedef htile<D, IN> TL;
     const fmha_forward_args *a = pb->args;
+    hp.tau = lazy_tau(IN);
     fmha_status st;
     fmha_schedule mode;
     fmha_cluster_mode clusters;
@@ -1226,22 +1237,12 @@ fmha_status launch_head_dim(hopper_params &hp, const fmha_problem *pb, const vt_
                           (long long)dmax);
 }
 
-/* The lazy max's slack (consumer::softmax), log2 units: 16-bit P takes 2^8
- * with room to spare; FP8's P shares e4m3's 448 with the 2^p_shift that keeps
- * small P out of the subnormals (2^2 * 2^6). Measured against a max that
- * moves every tile (H200, 2026-12-03): FP8 single-level +4.1% (FA3 d128),
- * +6.2% (Wan 480p), +3.6% (Flux), two runs back to back; 16-bit, one process,
- * within the board's power-limited spread: FA3 d128 +3.8%, Flux +0.6% and
- * -1.6%, Wan 720p +0.3%. */
-constexpr float LAZY_TAU = 8.0f, LAZY_TAU_FP8 = 2.0f;
-
 hopper_params params_of(const fmha_problem *pb, const flash_params &p)
 {
     hopper_params h;
     memset(&h, 0, sizeof h);
     h.p = p;
     h.o_vec = pb->args->out.dtype != FMHA_DTYPE_F32 && chunk_aligned(pb->args->out);
-    h.tau = LAZY_TAU;
     return h;
 }
 
@@ -1267,8 +1268,7 @@ fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cu
     hopper_params h = params_of(pb, p);
     /* P <= 2^tau (the lazy max), times drop_scale after dropout: scaled by
      * 2^shift it stays below e4m3's 448. */
-    h.tau = LAZY_TAU_FP8;
-    const double pmax = (pb->drop_threshold ? pb->drop_rescale : 1.0) * exp2(h.tau);
+    const double pmax = (pb->drop_threshold ? pb->drop_rescale : 1.0) * exp2(lazy_tau(IN_E4M3));
     h.p_shift = (float)fmin(8.0, floor(log2(448.0 / pmax)));
 
     const int64_t nseq = pb->batch, kvh = pb->kv_heads, dv = pb->dv;

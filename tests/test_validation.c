@@ -1237,57 +1237,72 @@ static void test_fp8_accum(void)
     unsetenv("FMHA_FP8_ACCUM");
 }
 
-/* The Hopper kernel's schedule: split unless FMHA_CUDA_SCHEDULE names another. */
-static void test_cuda_schedule(void)
+/* The Hopper kernel's switches, each as an int for one table. */
+static fmha_status schedule_of_env(int *v)
 {
-    const struct {
-        const char *env;
-        fmha_schedule want;
-    } cases[] = {{NULL, FMHA_SCHEDULE_SPLIT}, {"", FMHA_SCHEDULE_SPLIT},
-                 {"tiles", FMHA_SCHEDULE_TILES},  {"Persistent", FMHA_SCHEDULE_PERSISTENT},
-                 {"split", FMHA_SCHEDULE_SPLIT}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (cases[i].env)
-            setenv("FMHA_CUDA_SCHEDULE", cases[i].env, 1);
-        else
-            unsetenv("FMHA_CUDA_SCHEDULE");
-        fmha_schedule got = (fmha_schedule)-1;
-        const fmha_status st = fmha_cuda_schedule(&got);
-        TU_CHECK(st == FMHA_STATUS_OK && got == cases[i].want, "FMHA_CUDA_SCHEDULE=%s: %d (%s)",
-                 cases[i].env ? cases[i].env : "(unset)", (int)got, fmha_last_error());
-    }
-    setenv("FMHA_CUDA_SCHEDULE", "stream-k", 1);
-    fmha_schedule got;
-    TU_CHECK(fmha_cuda_schedule(&got) == FMHA_STATUS_INVALID_ARGUMENT &&
-                 strstr(fmha_last_error(), "FMHA_CUDA_SCHEDULE=stream-k is not one of tiles, persistent, split"),
-             "FMHA_CUDA_SCHEDULE=stream-k: %s", fmha_last_error());
-    unsetenv("FMHA_CUDA_SCHEDULE");
+    fmha_schedule m = (fmha_schedule)-1;
+    const fmha_status st = fmha_cuda_schedule(&m);
+    *v = (int)m;
+    return st;
 }
 
-/* Clusters sharing K/V loads: auto unless FMHA_CUDA_CLUSTER says 0 or 1. */
-static void test_cuda_clusters(void)
+static fmha_status clusters_of_env(int *v)
+{
+    fmha_cluster_mode m = (fmha_cluster_mode)-1;
+    const fmha_status st = fmha_cuda_clusters(&m);
+    *v = (int)m;
+    return st;
+}
+
+/* FMHA_CUDA_SCHEDULE: split unless it names another; FMHA_CUDA_CLUSTER: auto
+ * unless it says 0 or 1. Any other value is refused by name. */
+static void test_cuda_switches(void)
 {
     const struct {
-        const char *env;
-        fmha_cluster_mode want;
-    } cases[] = {{NULL, FMHA_CLUSTER_AUTO}, {"", FMHA_CLUSTER_AUTO}, {"auto", FMHA_CLUSTER_AUTO},
-                 {"1", FMHA_CLUSTER_ON},    {"0", FMHA_CLUSTER_OFF}};
+        const char *var;
+        fmha_status (*get)(int *);
+        const char *env; /* NULL: unset */
+        int want;
+    } cases[] = {
+        {"FMHA_CUDA_SCHEDULE", schedule_of_env, NULL, FMHA_SCHEDULE_SPLIT},
+        {"FMHA_CUDA_SCHEDULE", schedule_of_env, "", FMHA_SCHEDULE_SPLIT},
+        {"FMHA_CUDA_SCHEDULE", schedule_of_env, "tiles", FMHA_SCHEDULE_TILES},
+        {"FMHA_CUDA_SCHEDULE", schedule_of_env, "Persistent", FMHA_SCHEDULE_PERSISTENT},
+        {"FMHA_CUDA_SCHEDULE", schedule_of_env, "split", FMHA_SCHEDULE_SPLIT},
+        {"FMHA_CUDA_CLUSTER", clusters_of_env, NULL, FMHA_CLUSTER_AUTO},
+        {"FMHA_CUDA_CLUSTER", clusters_of_env, "", FMHA_CLUSTER_AUTO},
+        {"FMHA_CUDA_CLUSTER", clusters_of_env, "auto", FMHA_CLUSTER_AUTO},
+        {"FMHA_CUDA_CLUSTER", clusters_of_env, "1", FMHA_CLUSTER_ON},
+        {"FMHA_CUDA_CLUSTER", clusters_of_env, "0", FMHA_CLUSTER_OFF},
+    };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].env)
-            setenv("FMHA_CUDA_CLUSTER", cases[i].env, 1);
+            setenv(cases[i].var, cases[i].env, 1);
         else
-            unsetenv("FMHA_CUDA_CLUSTER");
-        fmha_cluster_mode got = (fmha_cluster_mode)-1;
-        const fmha_status st = fmha_cuda_clusters(&got);
-        TU_CHECK(st == FMHA_STATUS_OK && got == cases[i].want, "FMHA_CUDA_CLUSTER=%s: %d (%s)",
-                 cases[i].env ? cases[i].env : "(unset)", (int)got, fmha_last_error());
+            unsetenv(cases[i].var);
+        int got = -1;
+        const fmha_status st = cases[i].get(&got);
+        TU_CHECK(st == FMHA_STATUS_OK && got == cases[i].want, "%s=%s: %d (%s)", cases[i].var,
+                 cases[i].env ? cases[i].env : "(unset)", got, fmha_last_error());
+        unsetenv(cases[i].var);
     }
-    setenv("FMHA_CUDA_CLUSTER", "yes", 1);
-    fmha_cluster_mode got;
-    TU_CHECK(fmha_cuda_clusters(&got) == FMHA_STATUS_INVALID_ARGUMENT &&
-                 strstr(fmha_last_error(), "FMHA_CUDA_CLUSTER=yes is not auto, 0 or 1"),
-             "FMHA_CUDA_CLUSTER=yes: %s", fmha_last_error());
-    unsetenv("FMHA_CUDA_CLUSTER");
+    const struct {
+        const char *var;
+        fmha_status (*get)(int *);
+        const char *env, *message;
+    } bad[] = {
+        {"FMHA_CUDA_SCHEDULE", schedule_of_env, "stream-k",
+         "FMHA_CUDA_SCHEDULE=stream-k is not one of tiles, persistent, split"},
+        {"FMHA_CUDA_CLUSTER", clusters_of_env, "yes", "FMHA_CUDA_CLUSTER=yes is not auto, 0 or 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv(bad[i].var, bad[i].env, 1);
+        int got;
+        TU_CHECK(bad[i].get(&got) == FMHA_STATUS_INVALID_ARGUMENT &&
+                     strstr(fmha_last_error(), bad[i].message),
+                 "%s=%s: %s", bad[i].var, bad[i].env, fmha_last_error());
+        unsetenv(bad[i].var);
+    }
 }
 #endif
 
@@ -1307,8 +1322,7 @@ int main(void)
     test_fp8_args();
 #ifdef FMHA_HAVE_CUDA
     test_fp8_accum();
-    test_cuda_schedule();
-    test_cuda_clusters();
+    test_cuda_switches();
 #endif
     test_isa();
     test_success();

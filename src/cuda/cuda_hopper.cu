@@ -94,7 +94,7 @@ template <int D, int IN> struct htile {
     /* The epilogue stages 16-bit O in a region of its own where it fits
      * (the next piece's Q then loads while this one ends), else in Q's rows. */
     static constexpr uint32_t RING_END = Q_BYTES + STAGES * (K_BYTES + V_BYTES);
-    static constexpr uint32_t BARS = 8 * (2 + 4 * STAGES);
+    static constexpr uint32_t BARS = 8 * (3 + 4 * STAGES); /* + the wait anchor (pv_anchor) */
     static constexpr uint32_t O_ROWS = ((D + 63) / 64) * BM * 128; /* 16-bit O in 64-column chunks */
     static constexpr uint32_t O_BYTES = RING_END + O_ROWS + BARS + 1024 <= 227 * 1024 ? O_ROWS : 0;
     static constexpr uint32_t O_OFFSET = O_BYTES ? RING_END : 0;
@@ -228,6 +228,24 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int N> __device__ __forceinline__ void wg_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* ptxas moves a wgmma wait up past arithmetic that does not need it: left
+ * alone it puts the wait for P V ahead of the softmax that should overlap
+ * that GEMM (cuobjdump: WARPGROUP.DEPBAR before the max's shuffles, in every
+ * variant), so each tile's softmax waited for its P V. It keeps the wait
+ * behind memory operations, though: a shared-memory load whose address
+ * depends on both row sums, which exist only once every exp2 is done,
+ * anchors it there. The load reads one of two zero words; its value is
+ * unused. (A store of the sums anchors it too, and measured 1-2% slower
+ * on FP8.) */
+__device__ __forceinline__ void pv_anchor(uint32_t anchor, const float *l_row)
+{
+    uint32_t unused;
+    asm volatile("ld.volatile.shared.u32 %0, [%1];\n"
+                 : "=r"(unused)
+                 : "r"(anchor + ((__float_as_uint(l_row[0]) ^ __float_as_uint(l_row[1])) & 4u))
+                 : "memory");
 }
 
 /* Keeps the compiler from moving accumulator reads across a wgmma wait. */
@@ -504,6 +522,10 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     const uint32_t rank = CL == 1 ? 0u : blockIdx.x % CL;
     typedef consumer<D, IN> C;
     constexpr int BM = TL::BM, BN = TL::BN, NCH = TL::NCH, STAGES = TL::STAGES, CW = TL::CW;
+    /* pv_anchor: 16-bit +3-7% and FP8 two-level +2-3%; FP8 single-level,
+     * whose softmax is bound by the exp2 unit rather than by waiting for
+     * P V, lost 1-3% with it (H200, 2026-12-03, bench/NOTES.md). */
+    constexpr bool PV_ANCHOR = !TL::FP8 || TWO_LEVEL;
     const flash_params &p = hp.p;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
@@ -516,6 +538,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     auto k_empty = [&](int s) { return bar_q + 8u * (1u + 2 * STAGES + s); };
     auto v_empty = [&](int s) { return bar_q + 8u * (1u + 3 * STAGES + s); };
     const uint32_t q_empty = bar_q + 8u * (1u + 4 * STAGES);
+    const uint32_t anchor = q_empty + 8u; /* two words, zero: pv_anchor */
 
     if (threadIdx.x == 0) {
         mbar_init(bar_q, 1);
@@ -526,6 +549,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             mbar_init(v_empty(s), 8 * CL);
         }
         mbar_init(q_empty, 8);
+        asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(anchor), "r"(0u) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     if (CL > 1) /* the peer's loads and arrivals reach these barriers too */
@@ -736,6 +760,8 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             q_done_after_s(t);
             C::mask(sc, p, cap_in, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq, sk, lane);
             const bool grow = C::softmax(sc, m_row, l_row, alpha, scale_log2, shift, hp.tau);
+            if (PV_ANCHOR)
+                pv_anchor(anchor, l_row);
             wg_wait<0>();
             fold_pv();
             release_kv(v_empty(sp));

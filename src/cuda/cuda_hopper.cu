@@ -522,9 +522,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
     const uint32_t rank = CL == 1 ? 0u : blockIdx.x % CL;
     typedef consumer<D, IN> C;
     constexpr int BM = TL::BM, BN = TL::BN, NCH = TL::NCH, STAGES = TL::STAGES, CW = TL::CW;
-    /* pv_anchor: 16-bit +3-7% and FP8 two-level +2-3%; FP8 single-level,
+    /* pv_anchor: 16-bit +3-7% and FP8 two-level +2-4%; FP8 single-level,
      * whose softmax is bound by the exp2 unit rather than by waiting for
-     * P V, lost 1-3% with it (H200, 2026-12-03, bench/NOTES.md). */
+     * P V, lost 1-4% with it (H200, 2026-12-03, bench/NOTES.md v8). */
     constexpr bool PV_ANCHOR = !TL::FP8 || TWO_LEVEL;
     const flash_params &p = hp.p;
     extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -167,18 +167,8 @@ __device__ __forceinline__ vec<DT, W> load(const char *ptr)
     return v;
 }
 
-/* |element i| as float, exactly (NaN stays NaN, f16 subnormals are kept). */
-template <fmha_dtype DT, int W> __device__ __forceinline__ float abs_at(const vec<DT, W> &v, int i)
-{
-    if (DT == FMHA_DTYPE_F32)
-        return __uint_as_float(v.w[i] & 0x7fffffffu);
-    const uint32_t word = v.w[i / 2];
-    if (DT == FMHA_DTYPE_BF16)
-        return __uint_as_float(i & 1 ? word & 0x7fff0000u : (word & 0x7fffu) << 16);
-    return __half2float(__ushort_as_half((unsigned short)((i & 1 ? word >> 16 : word) & 0x7fffu)));
-}
-
-/* Element i as float, exactly, sign included. */
+/* Element i as float, exactly, sign included (NaN stays NaN, f16 subnormals
+ * are kept). */
 template <fmha_dtype DT, int W> __device__ __forceinline__ float elem_at(const vec<DT, W> &v, int i)
 {
     if (DT == FMHA_DTYPE_F32)
@@ -222,7 +212,7 @@ __device__ __forceinline__ typename amax_of<DT, W>::type vec_amax(const vec<DT, 
     } else {
 #pragma unroll
         for (int i = 0; i < W; i++)
-            m = fmaxf(m, abs_at(v, i)); /* fmaxf returns the other operand for NaN: ignored */
+            m = fmaxf(m, fabsf(elem_at(v, i))); /* fmaxf returns the other operand for NaN: ignored */
     }
     return m;
 }

@@ -13,12 +13,22 @@ sets their ratio once the board sits at its power limit.
 
 usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick | --shapes A,B]
                                   [--repeats N] [--ab VAR=V1,V2,...] [--out FILE.md]
+                                  [--precondition none|hot|cool]
 
 --quick runs five shapes (QUICK below); --shapes names the ones to run.
 
 --repeats N times every backend N times in turn (fmha, portable, flash, cuDNN,
 fmha, ...) and keeps each one's median: a clock or power drift during the run
 then weighs on all of them alike.
+
+--precondition puts every backend in the same state before its timing, so that
+what ran before it does not decide its clock: hot runs it back to back for
+PRECONDITION_S seconds first (each is timed at its own steady state under the
+board's power limit, as a long inference run sees it), cool leaves the GPU idle
+that long (each starts on a board that has shed its heat). none, the default,
+times them in turn as they come: a backend timed right after a slower, cooler
+one then starts below the power limit that the one timed after a long, hot run
+is already held to.
 
 --ab VAR=V1,V2 also times fmha with the environment variable VAR set to each
 value in turn (an A/B of a run-time switch such as FMHA_CUDA_SCHEDULE, in the
@@ -58,6 +68,8 @@ SHAPES = [
     ("fa3grid_d128_causal", 1, 16384, 16384, 16, 16, 128, True),
     ("fa3grid_d256", 1, 16384, 16384, 8, 8, 256, False),
 ]
+PRECONDITION_S = 1.0
+
 QUICK = {"flux_1024", "lumina2_gqa_d96", "llama_gqa_causal", "fa3grid_d128", "fa3grid_d256"}
 
 BF16, CUDA = 2, 1
@@ -145,6 +157,20 @@ def host_us(fn, n=20):
     return statistics.median(ts)
 
 
+def precondition(fn, mode):
+    """--precondition: run fn back to back (hot) or leave the GPU idle (cool) for
+    PRECONDITION_S seconds; nothing for none."""
+    torch.cuda.synchronize()
+    if mode == "cool":
+        time.sleep(PRECONDITION_S)
+    elif mode == "hot":
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < PRECONDITION_S:
+            for _ in range(8):
+                fn()
+            torch.cuda.synchronize()
+
+
 def flops(b, sq, sk, h, d, causal):
     pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq)) if causal else sq * sk
     return 4.0 * b * h * d * pairs
@@ -160,6 +186,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the backends, median kept")
     ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
     ap.add_argument("--ab", help="VAR=V1,V2: fmha also timed with VAR set to each value")
+    ap.add_argument("--precondition", choices=("none", "hot", "cool"), default="none",
+                    help="each backend run hot or left idle for PRECONDITION_S s before its timing")
     opt = ap.parse_args()
     ab_var, ab_vals = None, []
     if opt.ab:
@@ -177,7 +205,7 @@ def main():
 
     dev = torch.cuda.get_device_name()
     print(f"# {time.strftime('%Y-%m-%d')} {dev}, torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()}")
+          f"cuDNN {torch.backends.cudnn.version()}, precondition {opt.precondition}")
     rows = []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if name not in chosen:
@@ -245,8 +273,10 @@ def main():
                 if label in times and math.isnan(times[label][0]):
                     continue  # refused this shape before
                 try:
-                    with env_set(ab_var, env), ClockSampler() as sampler:
-                        ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                    with env_set(ab_var, env):
+                        precondition(fn, opt.precondition)
+                        with ClockSampler() as sampler:
+                            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
                     times.setdefault(label, []).append(ms)
                     clocks.setdefault(label, []).append(sampler.result())
                 except Exception as e:  # a backend that refuses a shape

@@ -69,9 +69,8 @@ SHAPES = [
     ("fa3grid_d128_causal", 1, 16384, 16384, 16, 16, 128, True),
     ("fa3grid_d256", 1, 16384, 16384, 8, 8, 256, False),
 ]
-PRECONDITION_S = 1.0
-
 QUICK = {"flux_1024", "lumina2_gqa_d96", "llama_gqa_causal", "fa3grid_d128", "fa3grid_d256"}
+PRECONDITION_S = 1.0  # seconds each backend runs (hot) or idles (cool) before its timing
 
 BF16, CUDA = 2, 1
 

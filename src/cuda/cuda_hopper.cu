@@ -241,9 +241,8 @@ template <int N> __device__ __forceinline__ void wg_wait()
  * on FP8.) */
 __device__ __forceinline__ void pv_anchor(uint32_t anchor, const float *l_row)
 {
-    uint32_t unused;
-    asm volatile("ld.volatile.shared.u32 %0, [%1];\n"
-                 : "=r"(unused)
+    asm volatile("{\n .reg .u32 unused;\n ld.volatile.shared.u32 unused, [%0];\n}\n"
+                 :
                  : "r"(anchor + ((__float_as_uint(l_row[0]) ^ __float_as_uint(l_row[1])) & 4u))
                  : "memory");
 }

@@ -11,7 +11,13 @@ of each head against a float64 reference: "kernel" on the dequantized FP8
 inputs (what the FP8 kernel adds: e4m3 P, accumulation), "total" on the
 original bf16 inputs (quantization included).
 
+--precondition (hot by default) runs each timed function back to back, or
+leaves the GPU idle, for bench_cuda.PRECONDITION_S seconds before its timing,
+as bench_cuda.py does, so that no mode is timed on a board that the mode
+before it heated or left cool.
+
 usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick] [--no-peers]
+                                  [--precondition none|hot|cool]
 """
 import argparse
 import ctypes as C
@@ -28,7 +34,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import SHAPES as BF16_SHAPES  # noqa: E402
 from bench_cuda import (Args, Config, Tensor, env_set, flops, load_lib,  # noqa: E402  (the one ctypes mirror)
-                        make_inputs)
+                        make_inputs, precondition)
 
 # bench_cuda's non-causal d128 shapes, the head-dim grid and Llama's causal GQA, plus FA3's d128 at 8k
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
@@ -83,12 +89,19 @@ def main():
     ap.add_argument("--lib", default="build/libfmha.so")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-peers", action="store_true", help="time the FP8 kernel alone (tuning runs)")
+    ap.add_argument("--precondition", choices=("none", "hot", "cool"), default="hot",
+                    help="each timed function run hot or left idle before its timing (bench_cuda.py)")
     opt = ap.parse_args()
+
+    def timed(fn):
+        """fn's median time in ms, after the --precondition step."""
+        precondition(fn, opt.precondition)
+        return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
     lib = load_lib(opt.lib)
 
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"cuDNN {torch.backends.cudnn.version()}")
+          f"cuDNN {torch.backends.cudnn.version()}, precondition {opt.precondition}")
     rows = []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if opt.quick and name not in QUICK:
@@ -133,7 +146,7 @@ def main():
             line = f"{name:18s}"
             for mode in ("two_level", "single"):
                 with env_set("FMHA_FP8_ACCUM", mode):
-                    ms = do_bench(run(layer8, a8), warmup=25, rep=200, return_mode="median")
+                    ms = timed(run(layer8, a8))
                 line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f}"
             print(line, flush=True)
             lib.fmha_layer_free(layer8)
@@ -152,15 +165,15 @@ def main():
                 torch.cuda.synchronize()
                 outs[mode] = out8[:, :, :ROWS].float().clone()
                 err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
-                t[mode] = do_bench(run(layer8, a8), warmup=25, rep=200, return_mode="median")
+                t[mode] = timed(run(layer8, a8))
         # what the accumulation mode alone changes (the same e4m3 P in both)
         acc = rel_l2(outs["single"], outs["two_level"].double())
         run(layer16, a16)()
         torch.cuda.synchronize()
         err16 = rel_l2(out16[:, :, :ROWS], ref_bf16)
-        t["bf16"] = do_bench(run(layer16, a16), warmup=25, rep=200, return_mode="median")
+        t["bf16"] = timed(run(layer16, a16))
         try:
-            t["cudnn"] = do_bench(cudnn, warmup=25, rep=200, return_mode="median")
+            t["cudnn"] = timed(cudnn)
         except Exception as e:  # noqa: BLE001  (a backend that refuses a shape)
             t["cudnn"] = math.nan
             print(f"{name}: cudnn: {str(e).splitlines()[0]}")

@@ -802,9 +802,14 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     continue;
                 if (lane % 4 == 0)
                     pl[r] = l_sum[rh] > 0.0f ? m_row[rh] - shift + log2f(l_sum[rh]) : -INFINITY;
-                for_out_frag<D>(p, lane, [&](int c, int j, int e) {
-                    po[(int64_t)r * D + c] = o[4 * j + 2 * rh + e] * inv[rh];
-                });
+                /* Columns c and c + 1 in one 8-byte store (c even; a column
+                 * past dv lands in the row's padding, which the merge skips). */
+                float *prow = po + (int64_t)r * D + (lane % 4) * 2;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    if (8 * j + (lane % 4) * 2 < p.dv)
+                        *(float2 *)(prow + 8 * j) =
+                            make_float2(o[4 * j + 2 * rh] * inv[rh], o[4 * j + 2 * rh + 1] * inv[rh]);
             }
         } else {
 #pragma unroll
@@ -830,14 +835,23 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                         *(uint32_t *)(smem + off) = out_bf16 ? pack2<true>(x0, x1) : pack2<false>(x0, x1);
                     }
                 named_sync(BAR_EPILOGUE + cw, 128);
-                const int units = p.dv / 8; /* 16-byte pieces per row */
-                for (int idx = threadIdx.x % 128; idx < 64 * units; idx += 128) {
-                    const int r = cw * 64 + idx / units, u = idx % units;
-                    if (r >= rows)
+                /* The staged rows hold D / 8 pieces each, of which dv / 8 are
+                 * out's: dividing by the constant keeps the walk to shifts, and
+                 * rows are one stride apart from row 0's address. */
+                constexpr int UNITS = D / 8;
+                static_assert(UNITS % 2 == 0, "64 rows of pieces are whole rounds of 128 threads");
+                const int units = p.dv / 8;
+                char *const out0 = block_out_row(p, bs, 0);
+                const int64_t row_bytes = p.o_ss * 2; /* 16-bit out */
+#pragma unroll 1
+                for (int k = 0; k < UNITS / 2; k++) {
+                    const int idx = threadIdx.x % 128 + 128 * k;
+                    const int r = cw * 64 + idx / UNITS, u = idx % UNITS;
+                    if (r >= rows || u >= units)
                         continue;
                     const uint4 val =
                         *(const uint4 *)(smem + (u / 8) * BM * 128 + r * 128 + (((u % 8) ^ (r % 8)) * 16));
-                    *(uint4 *)(block_out_row(p, bs, r) + u * 16) = val;
+                    *(uint4 *)(out0 + r * row_bytes + u * 16) = val;
                 }
             } else {
 #pragma unroll

@@ -836,8 +836,11 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     }
                 named_sync(BAR_EPILOGUE + cw, 128);
                 /* The staged rows hold D / 8 pieces each, of which dv / 8 are
-                 * out's: dividing by the constant keeps the walk to shifts, and
-                 * rows are one stride apart from row 0's address. */
+                 * out's: dividing by the constant costs a shift or a multiply
+                 * (by dv / 8, a division routine), and rows are one stride
+                 * apart from row 0's address. Not unrolled: unrolled, ptxas
+                 * hoists the walk's offsets out of the kernel and spills them
+                 * (28 bytes at head dim 128). */
                 constexpr int UNITS = D / 8;
                 static_assert(UNITS % 2 == 0, "64 rows of pieces are whole rounds of 128 threads");
                 const int units = p.dv / 8;

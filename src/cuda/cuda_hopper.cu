@@ -151,7 +151,9 @@ struct hopper_params {
     flash_params p;
     hopper_sched s;
     CUtensorMap tq, tk, tv; /* FP8: tv maps V^T */
+    CUtensorMap to;         /* out, in boxes of 64 rows (o_tma) */
     int o_vec;              /* out rows take 16-byte stores (16-bit out, aligned) */
+    int o_tma;              /* ... and, unpacked, bulk tensor stores through `to` */
     float p_shift;          /* FP8: P is stored times 2^p_shift, to stay above e4m3's subnormals */
     float tau;              /* lazy_tau of the launch's input kind (a parameter: as a constant, ptxas
                                spills 8 bytes more in the dropout variants) */
@@ -208,6 +210,28 @@ __device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorM
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
                  : "memory");
 }
+
+/* One box of shared memory out to a 4-D tensor map's coordinates (bulk tensor
+ * store: rows and columns past the tensor's extents are not written), in the
+ * thread's current bulk group. */
+__device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+/* The thread's bulk stores have read their shared memory (it may be written again). */
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+/* The thread's bulk stores are complete. */
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+/* This thread's shared-memory writes, ordered before the bulk copies that read them. */
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* Arrives on the barrier at `bar`'s offset in block `rank` of the cluster. */
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
@@ -649,6 +673,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
      * registers; else after the piece's last S, unless the epilogue stages O
      * in Q's rows (no room for O's own region), then after the epilogue. */
     const bool q_late = !QR && TL::O_BYTES == 0 && hp.o_vec;
+    /* O out by bulk tensor stores (launch: unpacked 16-bit out), from O's own
+     * region only: staged in Q's rows, it would hold up the next piece's Q. */
+    const bool o_tma = TL::O_BYTES != 0 && hp.o_tma;
 
     /* Ping-pong: the two consumers take turns issuing their GEMMs, so one's
      * softmax runs while the other's GEMMs hold the tensor cores. Consumer 1
@@ -821,9 +848,16 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             if (hp.o_vec) {
                 /* Stage the warpgroup's 64 rows in O's region (or, where it has
                  * none, in its own consumed Q rows), in 64-column swizzled
-                 * chunks, then write whole 16-byte pieces of rows. */
+                 * chunks, then write them out: o_tma, as boxes of 64 rows by
+                 * one thread's bulk tensor stores, which run on while the next
+                 * piece starts; else as whole 16-byte pieces of rows. */
                 unsigned char *smem = smem_raw + (sQ - raw) + TL::O_OFFSET;
                 const bool out_bf16 = p.out_dtype == FMHA_DTYPE_BF16;
+                if (o_tma) { /* the region is free once the last piece's stores have read it */
+                    if (threadIdx.x % 128 == 0)
+                        bulk_wait_read();
+                    named_sync(BAR_EPILOGUE + cw, 128);
+                }
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
 #pragma unroll
@@ -834,27 +868,39 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                         const float x0 = o[4 * j + 2 * rh] * inv[rh], x1 = o[4 * j + 2 * rh + 1] * inv[rh];
                         *(uint32_t *)(smem + off) = out_bf16 ? pack2<true>(x0, x1) : pack2<false>(x0, x1);
                     }
+                if (o_tma)
+                    fence_async_shared();
                 named_sync(BAR_EPILOGUE + cw, 128);
-                /* The staged rows hold D / 8 pieces each, of which dv / 8 are
-                 * out's: dividing by the constant costs a shift or a multiply
-                 * (by dv / 8, a division routine), and rows are one stride
-                 * apart from row 0's address. Not unrolled: unrolled, ptxas
-                 * hoists the walk's offsets out of the kernel and spills them
-                 * (28 bytes at head dim 128). */
-                constexpr int UNITS = D / 8;
-                static_assert(UNITS % 2 == 0, "64 rows of pieces are whole rounds of 128 threads");
-                const int units = p.dv / 8;
-                char *const out0 = block_out_row(p, bs, 0);
-                const int64_t row_bytes = p.o_ss * 2; /* 16-bit out */
+                if (o_tma) {
+                    if (threadIdx.x % 128 == 0) {
+                        const uint32_t rows0 = sQ + TL::O_OFFSET + cw * 64 * 128;
+                        for (int c = 0; 64 * c < p.dv; c++)
+                            tma_store(&hp.to, rows0 + c * BM * 128, 64 * c, (int)(bs.m0 + cw * 64), bs.h,
+                                      (int)bs.tb);
+                        bulk_commit();
+                    }
+                } else {
+                    /* The staged rows hold D / 8 pieces each, of which dv / 8
+                     * are out's: dividing by the constant costs a shift or a
+                     * multiply (by dv / 8, a division routine), and rows are one
+                     * stride apart from row 0's address. Not unrolled: unrolled,
+                     * ptxas hoists the walk's offsets out of the kernel and
+                     * spills them (28 bytes at head dim 128). */
+                    constexpr int UNITS = D / 8;
+                    static_assert(UNITS % 2 == 0, "64 rows of pieces are whole rounds of 128 threads");
+                    const int units = p.dv / 8;
+                    char *const out0 = block_out_row(p, bs, 0);
+                    const int64_t row_bytes = p.o_ss * 2; /* 16-bit out */
 #pragma unroll 1
-                for (int k = 0; k < UNITS / 2; k++) {
-                    const int idx = threadIdx.x % 128 + 128 * k;
-                    const int r = cw * 64 + idx / UNITS, u = idx % UNITS;
-                    if (r >= rows || u >= units)
-                        continue;
-                    const uint4 val =
-                        *(const uint4 *)(smem + (u / 8) * BM * 128 + r * 128 + (((u % 8) ^ (r % 8)) * 16));
-                    *(uint4 *)(out0 + r * row_bytes + u * 16) = val;
+                    for (int k = 0; k < UNITS / 2; k++) {
+                        const int idx = threadIdx.x % 128 + 128 * k;
+                        const int r = cw * 64 + idx / UNITS, u = idx % UNITS;
+                        if (r >= rows || u >= units)
+                            continue;
+                        const uint4 val =
+                            *(const uint4 *)(smem + (u / 8) * BM * 128 + r * 128 + (((u % 8) ^ (r % 8)) * 16));
+                        *(uint4 *)(out0 + r * row_bytes + u * 16) = val;
+                    }
                 }
             } else {
 #pragma unroll
@@ -869,6 +915,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
         if (q_late || (!QR && ntiles == 0))
             release(q_empty);
     });
+    /* Shared memory must outlive the bulk stores that read it. */
+    if (o_tma && threadIdx.x % 128 == 0)
+        bulk_wait();
 }
 
 /* Merges the pieces of each split tile (hopper_sched): block (r, y) takes
@@ -1246,6 +1295,13 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
                                 vt->strides, D, "v^t")
                  : make_map(&hp.tv, a->v, kv_rows, IN, "v");
     if (st != FMHA_STATUS_OK)
+        return st;
+    /* Unpacked 16-bit out with a region to stage O in: written by bulk tensor
+     * stores (in a packed batch, a box's rows past its sequence are the next
+     * sequence's). */
+    hp.o_tma = hp.o_vec && !hp.p.varlen && TL::O_BYTES != 0;
+    if (hp.o_tma && (st = make_map(&hp.to, a->out, 64, a->out.dtype == FMHA_DTYPE_BF16 ? IN_BF16 : IN_F16,
+                                   "out")) != FMHA_STATUS_OK)
         return st;
     const cudaError_t err =
         hp.p.drop_threshold ? launch_variant<D, IN, true, false, 1>(hp, max_sq, batch, mode, stream)

@@ -673,8 +673,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
      * registers; else after the piece's last S, unless the epilogue stages O
      * in Q's rows (no room for O's own region), then after the epilogue. */
     const bool q_late = !QR && TL::O_BYTES == 0 && hp.o_vec;
-    /* O out by bulk tensor stores (launch: unpacked 16-bit out), from O's own
-     * region only: staged in Q's rows, it would hold up the next piece's Q. */
+    /* O out by bulk tensor stores: launch decides (hp.o_tma); the constant
+     * repeats its region test so that variants staging O in Q's rows carry
+     * no store path. */
     const bool o_tma = TL::O_BYTES != 0 && hp.o_tma;
 
     /* Ping-pong: the two consumers take turns issuing their GEMMs, so one's
@@ -1296,9 +1297,10 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
                  : make_map(&hp.tv, a->v, kv_rows, IN, "v");
     if (st != FMHA_STATUS_OK)
         return st;
-    /* Unpacked 16-bit out with a region to stage O in: written by bulk tensor
-     * stores (in a packed batch, a box's rows past its sequence are the next
-     * sequence's). */
+    /* Unpacked 16-bit out with a region of its own to stage O in: written by
+     * bulk tensor stores. Not packed batches (a box's rows past its sequence
+     * are the next sequence's), nor O staged in Q's rows (the next piece's Q
+     * would have to wait for the stores to read them). */
     hp.o_tma = hp.o_vec && !hp.p.varlen && TL::O_BYTES != 0;
     if (hp.o_tma && (st = make_map(&hp.to, a->out, 64, a->out.dtype == FMHA_DTYPE_BF16 ? IN_BF16 : IN_F16,
                                    "out")) != FMHA_STATUS_OK)

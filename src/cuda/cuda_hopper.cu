@@ -991,13 +991,14 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     char *orow = block_out_row(p, bs, row);
     if (o_vec && col + COMBINE_COLS <= p.dv) { /* 16-bit out, 16-byte aligned rows */
+        static_assert(COMBINE_COLS == 8, "one 16-byte store of 16-bit out");
         const bool bf16 = p.out_dtype == FMHA_DTYPE_BF16;
-        uint32_t w[COMBINE_COLS / 2];
+        uint32_t pair[COMBINE_COLS / 2];
 #pragma unroll
         for (int e = 0; e < COMBINE_COLS / 2; e++)
-            w[e] = bf16 ? pack2<true>(acc[2 * e] * inv, acc[2 * e + 1] * inv)
-                        : pack2<false>(acc[2 * e] * inv, acc[2 * e + 1] * inv);
-        *(uint4 *)(orow + 2 * col) = make_uint4(w[0], w[1], w[2], w[3]);
+            pair[e] = bf16 ? pack2<true>(acc[2 * e] * inv, acc[2 * e + 1] * inv)
+                           : pack2<false>(acc[2 * e] * inv, acc[2 * e + 1] * inv);
+        *(uint4 *)(orow + 2 * col) = make_uint4(pair[0], pair[1], pair[2], pair[3]);
     } else {
 #pragma unroll
         for (int e = 0; e < COMBINE_COLS; e++)

@@ -3,7 +3,14 @@ per-tensor descales, bf16 out) against fmha's bf16 Hopper kernel and torch's
 cuDNN SDPA (bf16) in the same process, with the accuracy of both FP8
 accumulation modes. Each mode is timed forced (FMHA_FP8_ACCUM=two_level and
 single) and as a caller gets it (auto, the default: two-level past 16384
-keys); the ratios to bf16 and cuDNN are the default's.
+keys); the ratios to bf16 and cuDNN are the default's. Beside each of the
+default FP8 mode, fmha bf16 and cuDNN: the median SM clock and board power
+while it was timed, and its energy per FLOP (gpu_clock.py: NVML's energy
+counter over ~2 s of back-to-back calls). At the board's power limit speed is
+power over energy per FLOP, so these say how far a kernel is from that bound.
+--anchor first times dense GEMMs (torch.matmul in bf16, torch._scaled_mm in
+e4m3, 8192^3, bf16 out) the same way: what the tensor cores reach on this
+board at its power limit.
 
 Inputs: N(0, 1) bf16 q, k, v, quantized per tensor by torch (scale = amax /
 448, round to nearest, saturate) outside the timed region; the FP8 time
@@ -18,7 +25,7 @@ as bench_cuda.py does, so that no mode is timed on a board that the mode
 before it heated or left cool.
 
 usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick] [--no-peers]
-                                  [--precondition none|hot|cool]
+                                  [--precondition none|hot|cool] [--anchor]
 """
 import argparse
 import ctypes as C
@@ -36,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import SHAPES as BF16_SHAPES  # noqa: E402
 from bench_cuda import (Args, Config, Tensor, env_set, flops, load_lib,  # noqa: E402  (the one ctypes mirror)
                         make_inputs, precondition)
+from gpu_clock import ClockSampler, energy_per_call  # noqa: E402
 
 # bench_cuda's non-causal d128 shapes, the head-dim grid and Llama's causal GQA, plus FA3's d128 at 8k
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
@@ -92,17 +100,28 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="time the FP8 kernel alone (tuning runs)")
     ap.add_argument("--precondition", choices=("none", "hot", "cool"), default="hot",
                     help="each timed function run hot or left idle before its timing (bench_cuda.py)")
+    ap.add_argument("--anchor", action="store_true", help="time bf16 and e4m3 GEMMs first")
     opt = ap.parse_args()
+    clocks = {}  # label: (SM MHz, watts) while its last timing ran
 
-    def timed(fn):
-        """fn's median time in ms, after the --precondition step."""
+    def timed(fn, label=None):
+        """fn's median time in ms, after the --precondition step; the clock and
+        power while it ran go to clocks[label]."""
         precondition(fn, opt.precondition)
-        return do_bench(fn, warmup=25, rep=200, return_mode="median")
+        with ClockSampler() as sampler:
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+        clocks[label] = sampler.result()
+        return ms
+
+    def pj_per_flop(fn, fl):
+        return energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12
 
     lib = load_lib(opt.lib)
 
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, precondition {opt.precondition}")
+    if opt.anchor:
+        gemm_anchor(timed, clocks, pj_per_flop)
     rows = []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if opt.quick and name not in QUICK:
@@ -167,27 +186,35 @@ def main():
                 outs[mode] = out8[:, :, :ROWS].float().clone()
                 err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
                 t[mode] = timed(run(layer8, a8))
+        fl = flops(b, sq, sk, h, d, causal)
+        pj = {}
         with env_set("FMHA_FP8_ACCUM", "auto"):
-            t["auto"] = timed(run(layer8, a8))
+            t["auto"] = timed(run(layer8, a8), "auto")
+            pj["auto"] = pj_per_flop(run(layer8, a8), fl)
         # what the accumulation mode alone changes (the same e4m3 P in both)
         acc = rel_l2(outs["single"], outs["two_level"].double())
         run(layer16, a16)()
         torch.cuda.synchronize()
         err16 = rel_l2(out16[:, :, :ROWS], ref_bf16)
-        t["bf16"] = timed(run(layer16, a16))
+        t["bf16"] = timed(run(layer16, a16), "bf16")
+        pj["bf16"] = pj_per_flop(run(layer16, a16), fl)
         try:
-            t["cudnn"] = timed(cudnn)
+            t["cudnn"] = timed(cudnn, "cudnn")
+            pj["cudnn"] = pj_per_flop(cudnn, fl)
         except Exception as e:  # noqa: BLE001  (a backend that refuses a shape)
-            t["cudnn"] = math.nan
+            t["cudnn"] = pj["cudnn"] = math.nan
+            clocks["cudnn"] = (math.nan, math.nan)
             print(f"{name}: cudnn: {str(e).splitlines()[0]}")
-        fl = flops(b, sq, sk, h, d, causal)
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
-        rows.append((name, tf, err, err16, acc))
+        clk = {kk: clocks[kk] for kk in ("auto", "bf16", "cudnn")}
+        rows.append((name, tf, err, err16, acc, clk, pj))
         print(f"{name:18s} fp8 {tf['auto']:6.1f} (two-level {tf['two_level']:6.1f}, single {tf['single']:6.1f})"
               f"  bf16 {tf['bf16']:6.1f}  cudnn {tf['cudnn']:6.1f}  x{tf['auto'] / tf['bf16']:.2f} bf16"
               f"  x{tf['auto'] / tf['cudnn']:.2f} cudnn  relL2 kernel {err['two_level'][0]:.2e}"
               f" (single {err['single'][0]:.2e})  total {err['two_level'][1]:.2e}  bf16 {err16:.2e}"
-              f"  single vs two-level {acc:.1e}",
+              f"  single vs two-level {acc:.1e}  MHz/W " +
+              " ".join(f"{clk[kk][0]:.0f}/{clk[kk][1]:.0f}" for kk in clk) +
+              "  pJ/FLOP " + " ".join(f"{pj[kk]:.3f}" for kk in clk),
               flush=True)
         lib.fmha_layer_free(layer8)
         lib.fmha_layer_free(layer16)
@@ -197,13 +224,32 @@ def main():
         return
     print("| shape | FP8 (default) | FP8 two-level | FP8 single-level | fmha bf16 | cuDNN bf16 | FP8 / bf16 "
           "| FP8 / cuDNN "
-          "| rel. L2 kernel (two-level / single) | single vs two-level | rel. L2 total | bf16 rel. L2 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
-    for name, tf, err, err16, acc in rows:
+          "| rel. L2 kernel (two-level / single) | single vs two-level | rel. L2 total | bf16 rel. L2 "
+          "| MHz / W: FP8, bf16, cuDNN | pJ/FLOP: FP8, bf16, cuDNN |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
+    for name, tf, err, err16, acc, clk, pj in rows:
         print(f"| {name} | {tf['auto']:.1f} | {tf['two_level']:.1f} | {tf['single']:.1f} | {tf['bf16']:.1f} "
               f"| {tf['cudnn']:.1f} | {tf['auto'] / tf['bf16']:.2f} | {tf['auto'] / tf['cudnn']:.2f} "
               f"| {err['two_level'][0]:.2e} / {err['single'][0]:.2e} | {acc:.1e} | {err['two_level'][1]:.2e} "
-              f"| {err16:.2e} |")
+              f"| {err16:.2e} | " + ", ".join(f"{clk[kk][0]:.0f} / {clk[kk][1]:.0f}" for kk in clk) +
+              " | " + ", ".join(f"{pj[kk]:.3f}" for kk in clk) + " |")
+
+
+def gemm_anchor(timed, clocks, pj_per_flop, n=8192):
+    """Dense n^3 GEMMs, bf16 (torch.matmul) and e4m3 with per-tensor scales
+    (torch._scaled_mm), bf16 out: TFLOP/s, clock, power and energy per FLOP."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # B column-major, as _scaled_mm wants
+    one = torch.ones((), device="cuda")
+    fns = {"gemm bf16": lambda: torch.matmul(a, b),
+           "gemm e4m3": lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
+    fl = 2.0 * n ** 3
+    for label, fn in fns.items():
+        ms = timed(fn, label)
+        mhz, w = clocks[label]
+        print(f"{label} {n}^3: {fl / (ms * 1e-3) / 1e12:7.1f} TFLOP/s  {mhz:.0f} MHz  {w:.0f} W  "
+              f"{pj_per_flop(fn, fl):.3f} pJ/FLOP", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ counter over ~2 s of back-to-back calls). At the board's power limit speed is
 power over energy per FLOP, so these say how far a kernel is from that bound.
 --anchor first times dense GEMMs (torch.matmul in bf16, torch._scaled_mm in
 e4m3, 8192^3, bf16 out) the same way: what the tensor cores reach on this
-board at its power limit.
+board at its power limit. --layer also times the layer path a caller with
+bf16 q, k, v takes (fp8_compute per tensor: quantize all three, then FP8
+attention), with and without fp8_smooth_k, and that path's error.
 
 Inputs: N(0, 1) bf16 q, k, v, quantized per tensor by torch (scale = amax /
 448, round to nearest, saturate) outside the timed region; the FP8 time
@@ -25,7 +27,7 @@ as bench_cuda.py does, so that no mode is timed on a board that the mode
 before it heated or left cool.
 
 usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick] [--no-peers]
-                                  [--precondition none|hot|cool] [--anchor]
+                                  [--precondition none|hot|cool] [--anchor] [--layer]
 """
 import argparse
 import ctypes as C
@@ -53,6 +55,7 @@ SHAPES = [s for s in BF16_SHAPES if s[0] in FP8_NAMES] + [
     ("fa3grid_d128_8k", 2, 8192, 8192, 16, 16, 128, False)]
 QUICK = {"flux_1024", "fa3grid_d128", "wan14b_480p"}
 F8, BF16, CUDA = 3, 2, 1
+PER_TENSOR = 1  # fmha_fp8_compute
 ROWS = 128  # query rows per head checked against float64
 
 
@@ -101,6 +104,8 @@ def main():
     ap.add_argument("--precondition", choices=("none", "hot", "cool"), default="hot",
                     help="each timed function run hot or left idle before its timing (bench_cuda.py)")
     ap.add_argument("--anchor", action="store_true", help="time bf16 and e4m3 GEMMs first")
+    ap.add_argument("--layer", action="store_true",
+                    help="time the quantizing layer path, with and without fp8_smooth_k")
     opt = ap.parse_args()
     clocks = {}  # label: (SM MHz, watts) while its last timing ran
 
@@ -132,10 +137,12 @@ def main():
         out16 = torch.empty_like(q)
         stream = torch.cuda.current_stream().cuda_stream
 
-        def make(dtype, xs, out, descales):
+        def make(dtype, xs, out, descales, smooth=None):
             cfg = Config()
             lib.fmha_config_init(C.byref(cfg), h, hkv, d)
             cfg.dtype, cfg.causal, cfg.device = dtype, int(causal), CUDA
+            if smooth is not None:  # bf16 in, quantized per tensor by the layer
+                cfg.fp8_compute, cfg.fp8_smooth_k = PER_TENSOR, int(smooth)
             a = Args()
             a.q, a.k, a.v = (view(x, dtype) for x in xs)
             a.out = view(out, BF16)
@@ -193,6 +200,14 @@ def main():
             pj["auto"] = pj_per_flop(run(layer8, a8), fl)
         # what the accumulation mode alone changes (the same e4m3 P in both)
         acc = rel_l2(outs["single"], outs["two_level"].double())
+        if opt.layer:
+            for smooth in (False, True):
+                lay, al = make(BF16, (q, k, v), out16, None, smooth)
+                run(lay, al)()
+                torch.cuda.synchronize()
+                err[f"layer{int(smooth)}"] = rel_l2(out16[:, :, :ROWS], ref_bf16)
+                t[f"layer{int(smooth)}"] = timed(run(lay, al))
+                lib.fmha_layer_free(lay)
         run(layer16, a16)()
         torch.cuda.synchronize()
         err16 = rel_l2(out16[:, :, :ROWS], ref_bf16)
@@ -214,7 +229,9 @@ def main():
               f" (single {err['single'][0]:.2e})  total {err['two_level'][1]:.2e}  bf16 {err16:.2e}"
               f"  single vs two-level {acc:.1e}  MHz/W " +
               " ".join(f"{clk[kk][0]:.0f}/{clk[kk][1]:.0f}" for kk in clk) +
-              "  pJ/FLOP " + " ".join(f"{pj[kk]:.3f}" for kk in clk),
+              "  pJ/FLOP " + " ".join(f"{pj[kk]:.3f}" for kk in clk) +
+              (f"  layer {tf['layer0']:6.1f} (relL2 {err['layer0']:.2e}), smoothed {tf['layer1']:6.1f} "
+               f"(relL2 {err['layer1']:.2e})" if opt.layer else ""),
               flush=True)
         lib.fmha_layer_free(layer8)
         lib.fmha_layer_free(layer16)
@@ -233,6 +250,14 @@ def main():
               f"| {err['two_level'][0]:.2e} / {err['single'][0]:.2e} | {acc:.1e} | {err['two_level'][1]:.2e} "
               f"| {err16:.2e} | " + ", ".join(f"{clk[kk][0]:.0f} / {clk[kk][1]:.0f}" for kk in clk) +
               " | " + ", ".join(f"{pj[kk]:.3f}" for kk in clk) + " |")
+
+    if opt.layer:
+        print("\n| shape | FP8 kernel (inputs quantized before) | layer: quantize + FP8 | + fp8_smooth_k "
+              "| smoothing's cost | rel. L2 layer / smoothed |")
+        print("|---|---:|---:|---:|---:|---|")
+        for name, tf, err, _, _, _, _ in rows:
+            print(f"| {name} | {tf['auto']:.1f} | {tf['layer0']:.1f} | {tf['layer1']:.1f} "
+                  f"| {tf['layer0'] / tf['layer1'] - 1:+.1%} | {err['layer0']:.2e} / {err['layer1']:.2e} |")
 
 
 def gemm_anchor(timed, clocks, pj_per_flop, n=8192):

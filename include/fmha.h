@@ -156,8 +156,9 @@ fmha_cpu_isa fmha_cpu_isa_detect(void);
  * while channels with a large common offset (K's outliers in trained models)
  * no longer dominate the quantization: bench/RESULTS.md measures 3.6e-1 ->
  * 4.7e-2 relative L2 on offset channels. The LSE is corrected by
- * scale * (q . mean). It needs softcap 0 (tanh is not shift-invariant) and
- * runs on the CPU for now: a CUDA layer falls back to cfg.dtype. */
+ * scale * (q . mean). It needs softcap 0 (tanh is not shift-invariant).
+ * CPU and CUDA layers alike (on CUDA: three launches before the quantizer,
+ * and K's f32 copy in the layer's device scratch). */
 typedef enum fmha_fp8_compute {
     FMHA_FP8_COMPUTE_OFF = 0,    /* q, k, v run in cfg.dtype (default) */
     FMHA_FP8_COMPUTE_PER_TENSOR, /* one scale per tensor, amax / 448 */

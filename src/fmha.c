@@ -289,9 +289,10 @@ static fmha_status fp8_scratch(fmha_layer *l, size_t bytes)
     return FMHA_STATUS_OK;
 }
 
-/* fp8_smooth_k: k less its mean over the tokens of each (batch entry, KV head,
- * channel), as contiguous f32 into ks, the means into mean [batch][heads][d].
- * `acc` holds head_dim doubles. */
+/* fp8_smooth_k on the CPU: k less its mean over the tokens of each (batch
+ * entry, KV head, channel), as contiguous f32 into ks, the means into mean
+ * [batch][heads][d]. `acc` holds head_dim doubles. (CUDA layers:
+ * fmha_cuda_smooth_k, the same steps.) */
 static void smooth_k(const fmha_tensor *k, float *ks, float *mean, double *acc)
 {
     const int64_t nb = k->batch, ns = k->seqlen, nh = k->heads, d = k->head_dim;
@@ -340,8 +341,8 @@ static void unsmooth_lse(const fmha_problem *pb, const fmha_forward_args *args, 
  * layer's device, on args->stream for CUDA), then FP8 attention with their
  * descales. `host` is args with cu_seqlens readable here (validation). Codes
  * rows are padded to 16 bytes, as the GPU's tensor copies want them. With
- * fp8_smooth_k (CPU layers only: the chooser sends CUDA ones to the fallback)
- * K is smoothed into f32 scratch first and the LSE corrected after. */
+ * fp8_smooth_k K is smoothed into f32 scratch first and the LSE corrected
+ * after, on the layer's device. */
 static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
                                const fmha_forward_args *host)
 {
@@ -366,13 +367,15 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
         off[i][1] = total;
         total += (scales * 4 + 255) & ~(int64_t)255;
     }
-    /* fp8_smooth_k: K less its means (f32), the means, and a row of doubles. */
-    const int smooth = l->cfg.fp8_smooth_k && !cuda;
+    /* fp8_smooth_k: K less its means (f32), the means, and doubles to sum in
+     * (the CPU's: a row; CUDA's: a row per 256 tokens of each head, fewer than
+     * nk / 256 + nmean, which the bound below covers). */
+    const int smooth = l->cfg.fp8_smooth_k;
     int64_t ks_off = 0, mean_off = 0, acc_off = 0;
     if (smooth) {
         const int64_t nk = view_elements(&args->k), d = args->k.head_dim;
         const int64_t nmean = args->k.batch * args->k.heads * d; /* <= nk unless seqlen is 0 */
-        if (nk < 0 || nk > INT64_MAX / 8 - nmean - d - total / 4 - 1024)
+        if (nk < 0 || nk > INT64_MAX / 16 - 2 * nmean - d - total / 4 - 1024)
             return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
                                   "k has too many elements to smooth into a copy");
         ks_off = total;
@@ -380,7 +383,12 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
         mean_off = total;
         total += (nmean * 4 + 255) & ~(int64_t)255;
         acc_off = total;
-        total += d * 8;
+#ifdef FMHA_HAVE_CUDA
+        if (cuda)
+            total += (int64_t)fmha_cuda_smooth_k_scratch(&args->k);
+        else
+#endif
+            total += d * 8;
     }
     if ((uint64_t)total > SIZE_MAX / 2)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "FP8 scratch of %lld bytes is too large",
@@ -398,7 +406,15 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
         const fmha_tensor *k = &args->k;
         ks = fmha_tensor_bshd((char *)l->fp8_buf + ks_off, FMHA_DTYPE_F32, k->batch, k->seqlen,
                               k->heads, k->head_dim);
-        smooth_k(k, ks.data, mean, (double *)((char *)l->fp8_buf + acc_off));
+        void *acc = (char *)l->fp8_buf + acc_off;
+#ifdef FMHA_HAVE_CUDA
+        if (cuda) {
+            st = fmha_cuda_smooth_k(k, ks.data, mean, acc, args->stream);
+            if (st != FMHA_STATUS_OK)
+                return st;
+        } else
+#endif
+            smooth_k(k, ks.data, mean, acc);
         src[1] = &ks;
     }
     for (int i = 0; i < 3; i++) {
@@ -430,8 +446,13 @@ static fmha_status forward_fp8(fmha_layer *l, const fmha_forward_args *args,
         return st;
     pb.args = &a8;
 #ifdef FMHA_HAVE_CUDA
-    if (cuda)
-        return fmha_cuda_forward(&pb, &l->kernel);
+    if (cuda) {
+        st = fmha_cuda_forward(&pb, &l->kernel);
+        if (st == FMHA_STATUS_OK && smooth && args->lse)
+            st = fmha_cuda_unsmooth_lse(&args->q, args->lse, mean, pb.kv_heads, pb.group, pb.scale,
+                                        args->stream);
+        return st;
+    }
 #endif
     st = fmha_cpu_forward(&pb, &l->kernel, &l->ws);
     if (st == FMHA_STATUS_OK && smooth && args->lse)

@@ -271,13 +271,12 @@ fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *inf
         snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
     } else {
         st = fmha_kernel_select(&c8, info);
-        /* What the CUDA FP8 path does not quantize yet. */
-        const char *lacks = st != FMHA_STATUS_OK || info->device != FMHA_DEVICE_CUDA ? NULL
-                            : cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK
+        /* What the CUDA FP8 path does not take. */
+        const char *lacks = st == FMHA_STATUS_OK && info->device == FMHA_DEVICE_CUDA &&
+                                    cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK
                                 ? "the CUDA FP8 kernel takes per-tensor or per-KV-head descales, not "
                                   "per-block ones"
-                            : cfg->fp8_smooth_k ? "fp8_smooth_k runs on the CPU only"
-                                                : NULL;
+                                : NULL;
         if (lacks) {
             st = FMHA_STATUS_UNSUPPORTED;
             snprintf(why, sizeof why, "%s", lacks);

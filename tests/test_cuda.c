@@ -158,14 +158,6 @@ static void test_fp8_compute_layer(int varlen)
     TU_CHECK(path == FMHA_LAYER_PATH_FP8, "CUDA fp8_compute path: %s (%s)", fmha_layer_path_name(path),
              why);
     fmha_layer_free(layer);
-    /* K smoothing runs on the CPU only: a CUDA layer falls back and says so. */
-    fmha_config cs = cfg;
-    cs.fp8_smooth_k = 1;
-    TU_CHECK(fmha_layer_init(&layer, &cs) == FMHA_STATUS_OK, "fp8_smooth_k layer: %s", fmha_last_error());
-    TU_CHECK(fmha_layer_get_path(layer, &why) == FMHA_LAYER_PATH_FP8_FALLBACK &&
-                 strstr(why, "fp8_smooth_k runs on the CPU only"),
-             "CUDA fp8_smooth_k path: %s", why);
-    fmha_layer_free(layer);
     tu_rng rng = {77 + varlen};
     const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
     int32_t cu[3] = {0, S - 37, 2 * S};
@@ -205,6 +197,106 @@ static void test_fp8_compute_layer(int varlen)
     tu_tensor_free(&o_gpu);
     tu_tensor_free(&o_cpu);
     tu_tensor_free(&o_ref);
+}
+
+/* fp8_smooth_k on CUDA: K gets four channels offset by +20 .. +100, times a
+ * factor per (batch entry, KV head) so that a mean taken from the wrong one
+ * shows. The smoothed GPU layer must take the FP8 path and say so, land near
+ * the CPU's smoothed layer (same means up to rounding, so nearly the same
+ * codes), come back to the Gaussian inputs' error against the exact answer
+ * (and far below the unsmoothed GPU run's), and return the LSE of the
+ * unsmoothed scores (off by scale * q . mean, ~10 here, if uncorrected).
+ * Padded and packed batches, GQA 4/2, causal on the packed one. */
+static void test_fp8_smooth_k_layer(int varlen)
+{
+    static const float offset[4] = {20, 40, 70, 100};
+    const int64_t B = 2, S = 300, H = 4, KV = 2, D = 72;
+    fmha_config cfg;
+    fmha_config_init(&cfg, H, KV, D);
+    cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    cfg.fp8_smooth_k = 1;
+    cfg.causal = varlen;
+    cfg.device = FMHA_DEVICE_CUDA;
+    fmha_layer *layer;
+    TU_CHECK(fmha_layer_init(&layer, &cfg) == FMHA_STATUS_OK, "fp8_smooth_k layer: %s", fmha_last_error());
+    const char *why = "";
+    TU_CHECK(fmha_layer_get_path(layer, &why) == FMHA_LAYER_PATH_FP8 &&
+                 strstr(why, "K's per-channel mean subtracted first"),
+             "CUDA fp8_smooth_k path: %s", why);
+    fmha_layer_free(layer);
+
+    tu_rng rng = {91 + varlen};
+    const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
+    int32_t cu[3] = {0, S - 37, 2 * S};
+    tu_tensor q, k, v, out[4];
+    tu_tensor_init(&q, cfg.dtype, tb, ts, H, D, 0, 0);
+    tu_tensor_init(&k, cfg.dtype, tb, ts, KV, D, 0, 0);
+    tu_tensor_init(&v, cfg.dtype, tb, ts, KV, D, 0, 0);
+    tu_fill_normal(&q, &rng, 1.0);
+    tu_fill_normal(&k, &rng, 1.0);
+    tu_fill_normal(&v, &rng, 1.0);
+    for (int64_t b = 0; b < tb; b++)
+        for (int64_t s = 0; s < ts; s++)
+            for (int64_t h = 0; h < KV; h++)
+                for (int j = 0; j < 4; j++) {
+                    const int64_t c = (j * 37 + 5) % D;
+                    tu_set(&k, b, s, h, c, tu_get(&k, b, s, h, c) + offset[j] * (1 + b + 2 * h) / 3.0);
+                }
+    /* GPU smoothed, GPU unsmoothed, CPU smoothed, exact */
+    enum { GPU, PLAIN, CPU, REF };
+    const size_t nlse = (size_t)(tb * H * ts);
+    float *lse[4];
+    fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t};
+    if (varlen) {
+        a.cu_seqlens_q = a.cu_seqlens_k = cu;
+        a.varlen_batch = B;
+    }
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_init(&out[i], FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
+        lse[i] = malloc(nlse * sizeof(float));
+        memset(lse[i], 0xFF, nlse * sizeof(float));
+        fmha_config c = cfg;
+        c.fp8_smooth_k = i != PLAIN;
+        c.device = i == CPU || i == REF ? FMHA_DEVICE_CPU : FMHA_DEVICE_CUDA;
+        a.out = out[i].t;
+        a.lse = lse[i];
+        fmha_status st;
+        if (i == REF) {
+            c.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+            st = fmha_reference_forward(&c, &a);
+        } else {
+            st = i == CPU ? fmha_forward(&c, &a) : run_cuda(&c, &a);
+        }
+        TU_CHECK(st == FMHA_STATUS_OK, "fp8_smooth_k run %d: %s", i, fmha_last_error());
+    }
+    const double e_cpu = tu_rel_l2(&out[GPU], &out[CPU]), e_ref = tu_rel_l2(&out[GPU], &out[REF]),
+                 e_plain = tu_rel_l2(&out[PLAIN], &out[REF]);
+    double lse_ref = 0, lse_cpu = 0;
+    int inf_ok = 1;
+    for (size_t i = 0; i < nlse; i++) {
+        if (isinf(lse[REF][i]) || isinf(lse[GPU][i])) {
+            inf_ok &= lse[REF][i] == lse[GPU][i];
+            continue;
+        }
+        lse_ref = fmax(lse_ref, fabs(lse[GPU][i] - lse[REF][i]));
+        lse_cpu = fmax(lse_cpu, fabs(lse[GPU][i] - lse[CPU][i]));
+    }
+    printf("fp8_smooth_k on CUDA%s: rel. L2 %.2e against the CPU's smoothed path, %.2e against the exact "
+           "answer (unsmoothed %.2e); LSE within %.3f of the exact, %.3f of the CPU's\n",
+           varlen ? " (packed, causal)" : "", e_cpu, e_ref, e_plain, lse_ref, lse_cpu);
+    TU_CHECK(e_cpu < 3e-2 && e_ref < 0.06 && e_ref < e_plain / 3,
+             "fp8_smooth_k on CUDA: rel. L2 %.3g vs CPU, %.3g vs exact, unsmoothed %.3g", e_cpu, e_ref,
+             e_plain);
+    TU_CHECK(lse_ref < 0.25 && lse_cpu < 0.05 && inf_ok, "fp8_smooth_k on CUDA: LSE off by %.3g (CPU: %.3g, "
+             "rows without keys alike: %d)", lse_ref, lse_cpu, inf_ok);
+    TU_CHECK(tu_gaps_untouched(&out[GPU], 0xFF), "fp8_smooth_k on CUDA wrote outside out");
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_free(&out[i]);
+        free(lse[i]);
+    }
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
 }
 
 int main(int argc, char **argv)
@@ -353,6 +445,8 @@ int main(int argc, char **argv)
         test_fp8_refusals();
         test_fp8_compute_layer(0);
         test_fp8_compute_layer(1);
+        test_fp8_smooth_k_layer(0);
+        test_fp8_smooth_k_layer(1);
     }
     test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);

@@ -393,8 +393,7 @@ class Attention:
     `fp8`: forward() takes them as attention() does, out bfloat16.
     fp8_smooth_k=True subtracts K's per-channel mean before quantizing (the
     softmax ignores it; the LSE is corrected), which keeps channels with a
-    large common offset from spoiling K's quantization; it needs softcap 0
-    and runs on the CPU (a CUDA layer falls back to q's dtype).
+    large common offset from spoiling K's quantization; it needs softcap 0.
     """
 
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,

@@ -1,6 +1,6 @@
 /* cuda.h — the CUDA backend's entry points, callable from C. Built only when
  * CMake finds nvcc (FMHA_HAVE_CUDA); cuda_flash.cu holds the attention
- * kernel, cuda_fp8.cu the FP8 quantizer. */
+ * kernel, cuda_fp8.cu the FP8 quantizer and fp8_smooth_k. */
 #ifndef FMHA_CUDA_H
 #define FMHA_CUDA_H
 
@@ -78,6 +78,20 @@ void fmha_cuda_free(void *ptr);
  * (cuda_fp8.cu). */
 fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_tensor *y, float *scales,
                                    const fmha_fp8_groups *g, void *stream);
+
+/* fp8_smooth_k on CUDA (cuda_fp8.cu), queued on `stream`: ks = k less its
+ * mean over the tokens of each (batch entry, head, channel), contiguous f32
+ * [batch][seqlen][heads][head_dim], and the means into `mean`
+ * [batch][heads][head_dim]; `partial` is device scratch of
+ * fmha_cuda_smooth_k_scratch(k) bytes (column sums, 8-byte aligned). */
+size_t fmha_cuda_smooth_k_scratch(const fmha_tensor *k);
+fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *partial, void *stream);
+
+/* After the attention on the smoothed K: the LSE of the unsmoothed scores,
+ * lse[b][h][s] += scale * (q[b][s][h] . mean[b][h / group]), mean being
+ * fmha_cuda_smooth_k's [batch][kv_heads][head_dim]. */
+fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float *mean, int64_t kv_heads,
+                                   int64_t group, double scale, void *stream);
 
 #ifdef __cplusplus
 }

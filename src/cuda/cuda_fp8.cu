@@ -723,3 +723,222 @@ extern "C" fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_t
         return cuda_error(err, "the FP8 quantizer launch");
     return FMHA_STATUS_OK;
 }
+
+/* ---------------------------------------------------------- fp8_smooth_k */
+
+/* fp8_smooth_k on the GPU (fmha.c's forward_fp8): K less its mean over the
+ * tokens of each (batch entry, KV head, channel), as contiguous f32 that the
+ * quantizer then takes as its x; the same steps as the CPU's smooth_k, in
+ * three launches and without atomics, so a call's means do not depend on the
+ * order in which blocks finish. Each block sums SMOOTH_CHUNK tokens of one
+ * (batch, head) in double; the means add those sums in chunk order. */
+namespace {
+
+using fmha_cuda::min64;
+
+constexpr int SMOOTH_NT = 256;
+constexpr int64_t SMOOTH_CHUNK = 256;
+
+struct smooth_params {
+    const char *k;
+    fmha_dtype dtype;
+    int64_t s_b, s_s, s_h; /* k's strides in bytes */
+    int64_t batch, seqlen, heads, d, chunks;
+    double *partial; /* [batch][heads][chunks][d] */
+    float *mean;     /* [batch][heads][d] */
+    float *ks;       /* [batch][seqlen][heads][d] */
+};
+
+__device__ __forceinline__ float load_elem(const char *row, fmha_dtype dt, int64_t c)
+{
+    if (dt == FMHA_DTYPE_F32)
+        return ((const float *)row)[c];
+    const unsigned short u = ((const unsigned short *)row)[c];
+    return dt == FMHA_DTYPE_BF16 ? __uint_as_float((uint32_t)u << 16) : __half2float(__ushort_as_half(u));
+}
+
+/* A block's threads cover min(d, SMOOTH_NT) channels of SMOOTH_NT / that many
+ * rows at a time (channels fastest, so a warp reads consecutive elements). */
+struct smooth_lanes {
+    int64_t width, lanes, lane, col;
+    __device__ explicit smooth_lanes(int64_t d)
+    {
+        width = d < SMOOTH_NT ? d : SMOOTH_NT;
+        lanes = SMOOTH_NT / width;
+        lane = threadIdx.x / width;
+        col = threadIdx.x % width;
+    }
+};
+
+/* A block's chunk: SMOOTH_CHUNK tokens of one (batch, head). */
+struct smooth_chunk {
+    int64_t bh, chunk, b, h, s0, s1;
+    __device__ smooth_chunk(const smooth_params &p)
+    {
+        bh = blockIdx.x / p.chunks;
+        chunk = blockIdx.x % p.chunks;
+        b = bh / p.heads;
+        h = bh % p.heads;
+        s0 = chunk * SMOOTH_CHUNK;
+        s1 = min64(s0 + SMOOTH_CHUNK, p.seqlen);
+    }
+};
+
+/* Column sums of a chunk, four rows a thread in flight (four sums, added in
+ * a fixed order), then the lanes' sums in lane order. */
+__global__ void __launch_bounds__(SMOOTH_NT) smooth_sums(const smooth_params p)
+{
+    __shared__ double part[SMOOTH_NT];
+    const smooth_lanes L(p.d);
+    const smooth_chunk k(p);
+    const char *base = p.k + k.b * p.s_b + k.h * p.s_h;
+    for (int64_t c0 = 0; c0 < p.d; c0 += L.width) {
+        const int64_t c = c0 + L.col;
+        double acc[4] = {0.0, 0.0, 0.0, 0.0};
+        if (L.lane < L.lanes && c < p.d)
+            for (int64_t s = k.s0 + L.lane; s < k.s1; s += 4 * L.lanes) {
+                float x[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int64_t su = s + u * L.lanes;
+                    x[u] = su < k.s1 ? load_elem(base + su * p.s_s, p.dtype, c) : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    acc[u] += x[u];
+            }
+        part[threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        __syncthreads();
+        if (L.lane == 0 && c < p.d) {
+            double sum = 0.0;
+            for (int64_t l = 0; l < L.lanes; l++)
+                sum += part[l * L.width + L.col];
+            p.partial[(k.bh * p.chunks + k.chunk) * p.d + c] = sum;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(SMOOTH_NT) smooth_means(const smooth_params p)
+{
+    const int64_t i = (int64_t)blockIdx.x * SMOOTH_NT + threadIdx.x; /* (b * heads + h) * d + c */
+    if (i >= p.batch * p.heads * p.d)
+        return;
+    const int64_t bh = i / p.d, c = i % p.d;
+    double sum = 0.0;
+    for (int64_t j = 0; j < p.chunks; j++)
+        sum += p.partial[(bh * p.chunks + j) * p.d + c];
+    p.mean[i] = p.seqlen > 0 ? (float)(sum / (double)p.seqlen) : 0.0f;
+}
+
+/* The same chunks: K less the means, into ks, four rows' loads a thread in
+ * flight before their stores. */
+__global__ void __launch_bounds__(SMOOTH_NT) smooth_subtract(const smooth_params p)
+{
+    const smooth_lanes L(p.d);
+    const smooth_chunk k(p);
+    if (L.lane >= L.lanes)
+        return;
+    const char *base = p.k + k.b * p.s_b + k.h * p.s_h;
+    const float *m = p.mean + k.bh * p.d;
+    const int64_t ks_row = p.heads * p.d; /* ks's stride between tokens */
+    for (int64_t c = L.col; c < p.d; c += L.width) {
+        const float mc = m[c];
+        float *out = p.ks + (k.b * p.seqlen * p.heads + k.h) * p.d + c;
+        for (int64_t s = k.s0 + L.lane; s < k.s1; s += 4 * L.lanes) {
+            float x[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t su = s + u * L.lanes;
+                x[u] = su < k.s1 ? load_elem(base + su * p.s_s, p.dtype, c) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (s + u * L.lanes < k.s1)
+                    out[(s + u * L.lanes) * ks_row] = x[u] - mc;
+        }
+    }
+}
+
+struct unsmooth_params {
+    const char *q;
+    fmha_dtype dtype;
+    int64_t s_b, s_s, s_h; /* q's strides in bytes */
+    int64_t batch, seqlen, heads, d, kv_heads, group;
+    double scale;
+    const float *mean;
+    float *lse; /* [batch][heads][seqlen] */
+};
+
+/* One thread a query row: lse += scale * (q . its KV head's mean). */
+__global__ void __launch_bounds__(SMOOTH_NT) unsmooth_lse(const unsmooth_params p)
+{
+    const int64_t i = (int64_t)blockIdx.x * SMOOTH_NT + threadIdx.x; /* (b * heads + h) * seqlen + s */
+    if (i >= p.batch * p.heads * p.seqlen)
+        return;
+    const int64_t s = i % p.seqlen, bh = i / p.seqlen, h = bh % p.heads, b = bh / p.heads;
+    const char *row = p.q + b * p.s_b + s * p.s_s + h * p.s_h;
+    const float *m = p.mean + (b * p.kv_heads + h / p.group) * p.d;
+    double dot = 0.0;
+    for (int64_t c = 0; c < p.d; c++)
+        dot += (double)load_elem(row, p.dtype, c) * m[c];
+    p.lse[i] = (float)((double)p.lse[i] + p.scale * dot);
+}
+
+int64_t smooth_chunks(const fmha_tensor *k) { return (k->seqlen + SMOOTH_CHUNK - 1) / SMOOTH_CHUNK; }
+
+unsigned blocks_for(int64_t n) { return (unsigned)((n + SMOOTH_NT - 1) / SMOOTH_NT); }
+
+} // namespace
+
+extern "C" size_t fmha_cuda_smooth_k_scratch(const fmha_tensor *k)
+{
+    return (size_t)(k->batch * k->heads * smooth_chunks(k) * k->head_dim) * sizeof(double);
+}
+
+extern "C" fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *partial,
+                                          void *stream)
+{
+    fmha_status st =
+        fmha_cuda::check_device_pointer(k->data, "k.data", ": a CUDA layer's k must be device memory");
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const int64_t es = (int64_t)fmha_dtype_size(k->dtype);
+    smooth_params p = {(const char *)k->data, k->dtype, k->stride_batch * es, k->stride_seq * es,
+                       k->stride_head * es, k->batch, k->seqlen, k->heads, k->head_dim, smooth_chunks(k),
+                       (double *)partial, mean, ks};
+    const int64_t sum_blocks = p.batch * p.heads * p.chunks, means = p.batch * p.heads * p.d;
+    if (sum_blocks >= INT32_MAX || blocks_for(means) >= INT32_MAX)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "k of %lld x %lld x %lld tokens, heads and channels is too large for "
+                              "fp8_smooth_k on CUDA",
+                              (long long)(p.batch * p.seqlen), (long long)p.heads, (long long)p.d);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (sum_blocks > 0)
+        smooth_sums<<<(unsigned)sum_blocks, SMOOTH_NT, 0, s>>>(p);
+    if (means > 0)
+        smooth_means<<<blocks_for(means), SMOOTH_NT, 0, s>>>(p);
+    if (sum_blocks > 0)
+        smooth_subtract<<<(unsigned)sum_blocks, SMOOTH_NT, 0, s>>>(p);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? FMHA_STATUS_OK : fmha_cuda::cuda_error(err, "the fp8_smooth_k launches");
+}
+
+extern "C" fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float *mean,
+                                              int64_t kv_heads, int64_t group, double scale, void *stream)
+{
+    const int64_t es = (int64_t)fmha_dtype_size(q->dtype);
+    unsmooth_params p = {(const char *)q->data, q->dtype, q->stride_batch * es, q->stride_seq * es,
+                         q->stride_head * es, q->batch, q->seqlen, q->heads, q->head_dim,
+                         kv_heads, group, scale, mean, lse};
+    const int64_t rows = p.batch * p.heads * p.seqlen;
+    if (rows == 0)
+        return FMHA_STATUS_OK;
+    if (blocks_for(rows) >= INT32_MAX)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "%lld query rows are too many for fp8_smooth_k's LSE on CUDA",
+                              (long long)rows);
+    unsmooth_lse<<<blocks_for(rows), SMOOTH_NT, 0, (cudaStream_t)stream>>>(p);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? FMHA_STATUS_OK : fmha_cuda::cuda_error(err, "the fp8_smooth_k LSE launch");
+}

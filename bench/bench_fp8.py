@@ -173,9 +173,11 @@ def main():
             line = f"{name:18s}"
             for mode in ("auto", "two_level", "single"):
                 with env_set("FMHA_FP8_ACCUM", mode):
-                    ms = timed(run(layer8, a8))
-                line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f}"
-            print(line, flush=True)
+                    ms = timed(run(layer8, a8), mode)
+                    if mode == "auto":
+                        pj = pj_per_flop(run(layer8, a8), fl)
+                line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f} ({clocks[mode][0]:.0f} MHz)"
+            print(f"{line}  auto {pj:.3f} pJ/FLOP", flush=True)
             lib.fmha_layer_free(layer8)
             lib.fmha_layer_free(layer16)
             continue

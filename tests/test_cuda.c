@@ -139,6 +139,18 @@ static void test_fp8_refusals(void)
     }
 }
 
+/* q [tb, ts, H, D] and k, v [tb, ts, KV, D] of dtype dt, N(0, 1). */
+static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, int64_t tb, int64_t ts,
+                       int64_t H, int64_t KV, int64_t D, tu_rng *rng)
+{
+    tu_tensor_init(q, dt, tb, ts, H, D, 0, 0);
+    tu_tensor_init(k, dt, tb, ts, KV, D, 0, 0);
+    tu_tensor_init(v, dt, tb, ts, KV, D, 0, 0);
+    tu_fill_normal(q, rng, 1.0);
+    tu_fill_normal(k, rng, 1.0);
+    tu_fill_normal(v, rng, 1.0);
+}
+
 /* A layer with fp8_compute on CUDA quantizes on the GPU and runs the FP8
  * kernel: the same codes as the CPU's quantizer, so its output stays near
  * the CPU layer's (P in e4m3 is the difference) and near the exact answer
@@ -162,12 +174,7 @@ static void test_fp8_compute_layer(int varlen)
     const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
     int32_t cu[3] = {0, S - 37, 2 * S};
     tu_tensor q, k, v, o_gpu, o_cpu, o_ref;
-    tu_tensor_init(&q, cfg.dtype, tb, ts, H, D, 0, 0);
-    tu_tensor_init(&k, cfg.dtype, tb, ts, KV, D, 0, 0);
-    tu_tensor_init(&v, cfg.dtype, tb, ts, KV, D, 0, 0);
-    tu_fill_normal(&q, &rng, 1.0);
-    tu_fill_normal(&k, &rng, 1.0);
-    tu_fill_normal(&v, &rng, 1.0);
+    qkv_normal(&q, &k, &v, cfg.dtype, tb, ts, H, KV, D, &rng);
     tu_tensor_init(&o_gpu, FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
     tu_tensor_init(&o_cpu, FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
     tu_tensor_init(&o_ref, FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
@@ -229,12 +236,7 @@ static void test_fp8_smooth_k_layer(int varlen)
     const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
     int32_t cu[3] = {0, S - 37, 2 * S};
     tu_tensor q, k, v, out[4];
-    tu_tensor_init(&q, cfg.dtype, tb, ts, H, D, 0, 0);
-    tu_tensor_init(&k, cfg.dtype, tb, ts, KV, D, 0, 0);
-    tu_tensor_init(&v, cfg.dtype, tb, ts, KV, D, 0, 0);
-    tu_fill_normal(&q, &rng, 1.0);
-    tu_fill_normal(&k, &rng, 1.0);
-    tu_fill_normal(&v, &rng, 1.0);
+    qkv_normal(&q, &k, &v, cfg.dtype, tb, ts, H, KV, D, &rng);
     for (int64_t b = 0; b < tb; b++)
         for (int64_t s = 0; s < ts; s++)
             for (int64_t h = 0; h < KV; h++)

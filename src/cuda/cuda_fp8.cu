@@ -784,7 +784,19 @@ struct smooth_chunk {
     }
 };
 
-/* Column sums of a chunk, four rows a thread in flight (four sums, added in
+/* Channel c of rows s, s + step, s + 2 step, s + 3 step of a (batch, head)
+ * whose row 0 is at base (0 past row end - 1): four loads in flight. */
+__device__ __forceinline__ void load_rows4(const smooth_params &p, const char *base, int64_t s, int64_t step,
+                                           int64_t end, int64_t c, float *x)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int64_t su = s + u * step;
+        x[u] = su < end ? load_elem(base + su * p.s_s, p.dtype, c) : 0.0f;
+    }
+}
+
+/* Column sums of a chunk, four rows a thread at a time (four sums, added in
  * a fixed order), then the lanes' sums in lane order. */
 __global__ void __launch_bounds__(SMOOTH_NT) smooth_sums(const smooth_params p)
 {
@@ -798,11 +810,7 @@ __global__ void __launch_bounds__(SMOOTH_NT) smooth_sums(const smooth_params p)
         if (L.lane < L.lanes && c < p.d)
             for (int64_t s = k.s0 + L.lane; s < k.s1; s += 4 * L.lanes) {
                 float x[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int64_t su = s + u * L.lanes;
-                    x[u] = su < k.s1 ? load_elem(base + su * p.s_s, p.dtype, c) : 0.0f;
-                }
+                load_rows4(p, base, s, L.lanes, k.s1, c, x);
 #pragma unroll
                 for (int u = 0; u < 4; u++)
                     acc[u] += x[u];
@@ -831,8 +839,7 @@ __global__ void __launch_bounds__(SMOOTH_NT) smooth_means(const smooth_params p)
     p.mean[i] = p.seqlen > 0 ? (float)(sum / (double)p.seqlen) : 0.0f;
 }
 
-/* The same chunks: K less the means, into ks, four rows' loads a thread in
- * flight before their stores. */
+/* The same chunks: K less the means, into ks, four rows a thread at a time. */
 __global__ void __launch_bounds__(SMOOTH_NT) smooth_subtract(const smooth_params p)
 {
     const smooth_lanes L(p.d);
@@ -847,11 +854,7 @@ __global__ void __launch_bounds__(SMOOTH_NT) smooth_subtract(const smooth_params
         float *out = p.ks + (k.b * p.seqlen * p.heads + k.h) * p.d + c;
         for (int64_t s = k.s0 + L.lane; s < k.s1; s += 4 * L.lanes) {
             float x[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int64_t su = s + u * L.lanes;
-                x[u] = su < k.s1 ? load_elem(base + su * p.s_s, p.dtype, c) : 0.0f;
-            }
+            load_rows4(p, base, s, L.lanes, k.s1, c, x);
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (s + u * L.lanes < k.s1)

@@ -39,23 +39,6 @@ static double out_err(const tu_tensor *x, const tu_tensor *ref, int *bad)
     return e;
 }
 
-static double lse_err(const float *x, const float *ref, int64_t n, int *bad)
-{
-    double e = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isinf(ref[i]) && ref[i] < 0) {
-            if (!(isinf(x[i]) && x[i] < 0))
-                *bad = 1;
-            continue;
-        }
-        if (!isfinite(x[i]))
-            *bad = 1;
-        if (fabs((double)x[i] - ref[i]) > e)
-            e = fabs((double)x[i] - ref[i]);
-    }
-    return e;
-}
-
 /* The largest finite |LSE| of the reference: about its largest score. */
 static double lse_absmax(const float *ref, int64_t n)
 {
@@ -289,8 +272,8 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
         if (c->lse && !empty) {
             int lbad = 0, lnbad = 0;
             const int64_t nlse = c->varlen ? c->heads * tq : nl;
-            double le = lse_err(lse, lse_ref, nlse, &lbad);
-            double len = lse_err(lse_naive, lse_ref, nlse, &lnbad);
+            double le = tu_lse_err(lse, lse_ref, nlse, &lbad);
+            double len = tu_lse_err(lse_naive, lse_ref, nlse, &lnbad);
             /* FP8 tensor cores add up Q K^T in fewer bits than f32: each of a
              * score's D / 32 wgmma steps keeps ~2^-13 of the running sum
              * (bench/NOTES.md), so a score, and the LSE, can be off by about

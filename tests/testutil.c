@@ -110,6 +110,23 @@ int tu_gaps_untouched(const tu_tensor *x, unsigned char poison)
     return ok;
 }
 
+double tu_lse_err(const float *x, const float *ref, int64_t n, int *bad)
+{
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isinf(ref[i]) && ref[i] < 0) {
+            if (!(isinf(x[i]) && x[i] < 0))
+                *bad = 1;
+            continue;
+        }
+        if (!isfinite(x[i]))
+            *bad = 1;
+        if (fabs((double)x[i] - ref[i]) > e)
+            e = fabs((double)x[i] - ref[i]);
+    }
+    return e;
+}
+
 double tu_rel_l2(const tu_tensor *x, const tu_tensor *ref)
 {
     double d2 = 0, r2 = 0;

@@ -171,6 +171,20 @@ def precondition(fn, mode):
             torch.cuda.synchronize()
 
 
+def time_fn(fn, mode):
+    """fn's median time in ms (do_bench) after the --precondition step `mode`,
+    and (median SM MHz, watts) while it was timed (gpu_clock.py)."""
+    precondition(fn, mode)
+    with ClockSampler() as sampler:
+        ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return ms, sampler.result()
+
+
+def pj_per_flop(fn, fl):
+    """Energy per FLOP of fn (fl FLOPs a call) in pJ, over ~2 s of back-to-back calls."""
+    return energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12
+
+
 def flops(b, sq, sk, h, d, causal):
     pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq)) if causal else sq * sk
     return 4.0 * b * h * d * pairs
@@ -274,11 +288,9 @@ def main():
                     continue  # refused this shape before
                 try:
                     with env_set(ab_var, env):
-                        precondition(fn, opt.precondition)
-                        with ClockSampler() as sampler:
-                            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                        ms, clock = time_fn(fn, opt.precondition)
                     times.setdefault(label, []).append(ms)
-                    clocks.setdefault(label, []).append(sampler.result())
+                    clocks.setdefault(label, []).append(clock)
                 except Exception as e:  # a backend that refuses a shape
                     times[label] = [math.nan]
                     print(f"{name}: {label}: {str(e).splitlines()[0]}")
@@ -286,7 +298,7 @@ def main():
         ran = [(label, fn) for label, fn, _ in impls
                if label in ("fmha", "cudnn") and not math.isnan(times[label][0])]
         host = {label: host_us(fn) for label, fn in ran}
-        pj = {label: energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12 for label, fn in ran}
+        pj = {label: pj_per_flop(fn, fl) for label, fn in ran}
         t = {label: statistics.median(v) for label, v in times.items()}
         clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
                for label, v in clocks.items()}

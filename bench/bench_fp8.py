@@ -39,13 +39,11 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import SHAPES as BF16_SHAPES  # noqa: E402
 from bench_cuda import (Args, Config, Tensor, env_set, flops, load_lib,  # noqa: E402  (the one ctypes mirror)
-                        make_inputs, precondition)
-from gpu_clock import ClockSampler, energy_per_call  # noqa: E402
+                        make_inputs, pj_per_flop, time_fn)
 
 # bench_cuda's non-causal d128 shapes, the head-dim grid and Llama's causal GQA, plus FA3's d128 at 8k
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
@@ -107,26 +105,17 @@ def main():
     ap.add_argument("--layer", action="store_true",
                     help="time the quantizing layer path, with and without fp8_smooth_k")
     opt = ap.parse_args()
-    clocks = {}  # label: (SM MHz, watts) while its last timing ran
 
-    def timed(fn, label=None):
-        """fn's median time in ms, after the --precondition step; the clock and
-        power while it ran go to clocks[label]."""
-        precondition(fn, opt.precondition)
-        with ClockSampler() as sampler:
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-        clocks[label] = sampler.result()
-        return ms
-
-    def pj_per_flop(fn, fl):
-        return energy_per_call(fn, torch.cuda.synchronize) / fl * 1e12
+    def timed(fn):
+        """fn's median time in ms and (SM MHz, watts) while it ran (bench_cuda.time_fn)."""
+        return time_fn(fn, opt.precondition)
 
     lib = load_lib(opt.lib)
 
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, precondition {opt.precondition}")
     if opt.anchor:
-        gemm_anchor(timed, clocks, pj_per_flop)
+        gemm_anchor(timed)
     rows = []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if opt.quick and name not in QUICK:
@@ -173,10 +162,10 @@ def main():
             line = f"{name:18s}"
             for mode in ("auto", "two_level", "single"):
                 with env_set("FMHA_FP8_ACCUM", mode):
-                    ms = timed(run(layer8, a8), mode)
+                    ms, (mhz, _) = timed(run(layer8, a8))
                     if mode == "auto":
                         pj = pj_per_flop(run(layer8, a8), fl)
-                line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f} ({clocks[mode][0]:.0f} MHz)"
+                line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f} ({mhz:.0f} MHz)"
             print(f"{line}  auto {pj:.3f} pJ/FLOP", flush=True)
             lib.fmha_layer_free(layer8)
             lib.fmha_layer_free(layer16)
@@ -194,11 +183,11 @@ def main():
                 torch.cuda.synchronize()
                 outs[mode] = out8[:, :, :ROWS].float().clone()
                 err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
-                t[mode] = timed(run(layer8, a8))
+                t[mode], _ = timed(run(layer8, a8))
         fl = flops(b, sq, sk, h, d, causal)
-        pj = {}
+        pj, clk = {}, {}  # the default FP8 mode, fmha bf16 and cuDNN: energy per FLOP, (MHz, W)
         with env_set("FMHA_FP8_ACCUM", "auto"):
-            t["auto"] = timed(run(layer8, a8), "auto")
+            t["auto"], clk["auto"] = timed(run(layer8, a8))
             pj["auto"] = pj_per_flop(run(layer8, a8), fl)
         # what the accumulation mode alone changes (the same e4m3 P in both)
         acc = rel_l2(outs["single"], outs["two_level"].double())
@@ -208,22 +197,21 @@ def main():
                 run(lay, al)()
                 torch.cuda.synchronize()
                 err[f"layer{int(smooth)}"] = rel_l2(out16[:, :, :ROWS], ref_bf16)
-                t[f"layer{int(smooth)}"] = timed(run(lay, al))
+                t[f"layer{int(smooth)}"], _ = timed(run(lay, al))
                 lib.fmha_layer_free(lay)
         run(layer16, a16)()
         torch.cuda.synchronize()
         err16 = rel_l2(out16[:, :, :ROWS], ref_bf16)
-        t["bf16"] = timed(run(layer16, a16), "bf16")
+        t["bf16"], clk["bf16"] = timed(run(layer16, a16))
         pj["bf16"] = pj_per_flop(run(layer16, a16), fl)
         try:
-            t["cudnn"] = timed(cudnn, "cudnn")
+            t["cudnn"], clk["cudnn"] = timed(cudnn)
             pj["cudnn"] = pj_per_flop(cudnn, fl)
         except Exception as e:  # noqa: BLE001  (a backend that refuses a shape)
             t["cudnn"] = pj["cudnn"] = math.nan
-            clocks["cudnn"] = (math.nan, math.nan)
+            clk["cudnn"] = (math.nan, math.nan)
             print(f"{name}: cudnn: {str(e).splitlines()[0]}")
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
-        clk = {kk: clocks[kk] for kk in ("auto", "bf16", "cudnn")}
         rows.append((name, tf, err, err16, acc, clk, pj))
         print(f"{name:18s} fp8 {tf['auto']:6.1f} (two-level {tf['two_level']:6.1f}, single {tf['single']:6.1f})"
               f"  bf16 {tf['bf16']:6.1f}  cudnn {tf['cudnn']:6.1f}  x{tf['auto'] / tf['bf16']:.2f} bf16"
@@ -262,7 +250,7 @@ def main():
                   f"| {tf['layer0'] / tf['layer1'] - 1:+.1%} | {err['layer0']:.2e} / {err['layer1']:.2e} |")
 
 
-def gemm_anchor(timed, clocks, pj_per_flop, n=8192):
+def gemm_anchor(timed, n=8192):
     """Dense n^3 GEMMs, bf16 (torch.matmul) and e4m3 with per-tensor scales
     (torch._scaled_mm), bf16 out: TFLOP/s, clock, power and energy per FLOP."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -273,8 +261,7 @@ def gemm_anchor(timed, clocks, pj_per_flop, n=8192):
            "gemm e4m3": lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
     fl = 2.0 * n ** 3
     for label, fn in fns.items():
-        ms = timed(fn, label)
-        mhz, w = clocks[label]
+        ms, (mhz, w) = timed(fn)
         print(f"{label} {n}^3: {fl / (ms * 1e-3) / 1e12:7.1f} TFLOP/s  {mhz:.0f} MHz  {w:.0f} W  "
               f"{pj_per_flop(fn, fl):.3f} pJ/FLOP", flush=True)
 

@@ -36,8 +36,11 @@
  *     fmha_layer_init(&layer, &cfg);
  *     fmha_layer_get_path(layer, &reason);   // FP8, or a fallback to bf16 and why
  *
- * Rules the library keeps: it never prints, never exits, and keeps no mutable
- * global state except a thread-local last-error message. On any error nothing
+ * Rules the library keeps: it never prints and never exits. Its mutable global
+ * state is a thread-local last-error message and, in the CUDA backend, two
+ * process-wide caches guarded for concurrent use: a stream-ordered memory
+ * pool per device (scratch of split and FP8 calls, kept between calls) and the
+ * occupancy of each Hopper kernel variant per device. On any error nothing
  * is written to `out` or `lse`.
  */
 #ifndef FMHA_H
@@ -154,8 +157,8 @@ fmha_cpu_isa fmha_cpu_isa_detect(void);
  * over all tokens of a packed batch). Each query's scores then all move by
  * the same q . mean, which the softmax ignores, so the answer is unchanged
  * while channels with a large common offset (K's outliers in trained models)
- * no longer dominate the quantization: bench/RESULTS.md measures 3.6e-1 ->
- * 4.7e-2 relative L2 on offset channels. The LSE is corrected by
+ * no longer dominate the quantization (bench/RESULTS.md, FP8 accuracy, has
+ * the measured error with and without it). The LSE is corrected by
  * scale * (q . mean). It needs softcap 0 (tanh is not shift-invariant).
  * CPU and CUDA layers alike (on CUDA: three launches before the quantizer,
  * and K's f32 copy in the layer's device scratch). */
@@ -294,13 +297,27 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info);
 typedef struct fmha_layer fmha_layer;
 
 /* Validates the configuration (e.g. "num_heads (28) must be a multiple of
- * num_kv_heads (6) ..."), picks the kernel once and owns the workspace. */
+ * num_kv_heads (6) ..."), makes the layer's plan once — its kernel, the
+ * kernel's variant and its workspace — and owns the workspace. The
+ * environment variables fmha reads (FMHA_CPU_ISA, FMHA_CUDA_KERNEL,
+ * FMHA_CUDA_SCHEDULE, FMHA_CUDA_CLUSTER, FMHA_FP8_ACCUM, FMHA_FP8_ATTN) are
+ * read here, once: a layer keeps what they said at its init, and a bad value
+ * is INVALID_ARGUMENT here. */
 fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg);
 void fmha_layer_free(fmha_layer *layer);
 
-/* The configuration and the kernel the layer runs. */
+/* The configuration, and the kernel the layer's latest call ran — before the
+ * first call, the kernel its plan names. (A call can run another kernel than
+ * the plan's: on CUDA, views whose rows the Hopper kernel's tensor copies
+ * cannot address run on the portable kernel.) */
 const fmha_config *fmha_layer_config(const fmha_layer *layer);
 const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer);
+
+/* One line about what the latest call ran (before the first, the plan): the
+ * kernel, its variant (head dim, tile) and its switches, e.g.
+ * "cuda_hopper_sm90 (WGMMA): bf16 inputs, head dim 128 variant, tile 128x176,
+ * schedule split, clusters auto". Writes "" for a NULL layer. */
+void fmha_layer_describe(const fmha_layer *layer, char *buf, size_t len);
 
 /* How a layer computes, decided once at fmha_layer_init. */
 typedef enum fmha_layer_path {

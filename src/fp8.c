@@ -1,11 +1,9 @@
 /* fp8.c — FP8 E4M3 (OCP E4M3FN) element conversions and the CPU quantizer:
  * f32/f16/bf16 tensors to E4M3 codes plus one float scale per group. This
  * file is the definition; every other backend's quantizer must match it bit
- * for bit (the CUDA one, src/cuda/cuda_fp8.cu, is entered from here). */
-#include "internal.h"
-#ifdef FMHA_HAVE_CUDA
-#include "cuda/cuda.h"
-#endif
+ * for bit (the CUDA one is src/cuda/cuda_fp8.cu). The public entry points,
+ * which validate and pick the backend, are in quantize.c. */
+#include "fp8.h"
 
 #include <math.h>
 
@@ -138,15 +136,11 @@ static void group_quantize(const fmha_tensor *x, const fmha_tensor *y, const fp8
  *           (CUDA: no -ftz / --use_fast_math, plain '/' or __fdiv_rn);
  *           a NaN x skips the division and keeps its own sign (0x7F / 0xFF),
  *           since GPUs return a canonical positive NaN from NaN / scale. */
-fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scales,
-                              fmha_fp8_scaling scaling, int64_t block_rows)
+fmha_status fmha_fp8_quantize_cpu(const fmha_tensor *x, const fmha_tensor *y, float *scales,
+                                  const fmha_fp8_groups *g_, void *stream)
 {
-    fmha_clear_error();
-    fmha_fp8_groups gr;
-    fmha_status st = fmha_validate_quantize(x, y, scales, scaling, block_rows, &gr);
-    if (st != FMHA_STATUS_OK)
-        return st;
-
+    (void)stream;
+    const fmha_fp8_groups gr = *g_;
     /* An infinity would make amax, and so every code of its group, meaningless. */
     int64_t at[4];
     if (find_inf(x, at))
@@ -169,22 +163,4 @@ fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scale
                 group_quantize(x, y, &g, scale);
             }
     return FMHA_STATUS_OK;
-}
-
-fmha_status fmha_quantize_fp8_cuda(const fmha_tensor *x, fmha_tensor *y, float *scales,
-                                   fmha_fp8_scaling scaling, int64_t block_rows, void *stream)
-{
-    fmha_clear_error();
-    fmha_fp8_groups gr;
-    fmha_status st = fmha_validate_quantize(x, y, scales, scaling, block_rows, &gr);
-    if (st != FMHA_STATUS_OK)
-        return st;
-#ifdef FMHA_HAVE_CUDA
-    return fmha_cuda_quantize_fp8(x, y, scales, &gr, stream);
-#else
-    (void)stream;
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                          "fmha_quantize_fp8_cuda: this fmha was built without a CUDA backend "
-                          "(fmha_quantize_fp8 quantizes host memory)");
-#endif
 }

@@ -1,34 +1,17 @@
-/* internal.h — what every part of the library shares: the error slot, the
- * validated problem description handed to backends, element conversions and
- * the Philox dropout stream (one definition, so every backend draws the same
- * mask). */
+/* internal.h — what every part of the library shares: the validated problem
+ * description handed to backends, row addressing, element conversions, and
+ * (through semantics.h) the masks and the Philox dropout stream. Types and
+ * inline functions only. */
 #ifndef FMHA_INTERNAL_H
 #define FMHA_INTERNAL_H
 
+#include "error.h"
 #include "fmha.h"
 #include "semantics.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-/* Kernel ids, in the order of kernels.def. */
-enum {
-#define FMHA_CPU_KERNEL(name, isa, compute) FMHA_KERNEL_ID_##name,
-#define FMHA_CUDA_KERNEL(name, min_sm) FMHA_KERNEL_ID_##name,
-#include "kernels.def"
-#undef FMHA_CPU_KERNEL
-#undef FMHA_CUDA_KERNEL
-    FMHA_KERNEL_COUNT
-};
-
-/* Records a formatted message for fmha_last_error() and returns `status`. */
-fmha_status fmha_set_error(fmha_status status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-void fmha_clear_error(void);
 
 /* A forward call after validation: every number checked, every default
  * resolved. Backends receive only this. */
@@ -44,32 +27,6 @@ typedef struct fmha_problem {
     uint32_t drop_threshold; /* keep iff philox word >= threshold; 0 = no dropout */
     double drop_rescale;    /* 1 / (1 - p) */
 } fmha_problem;
-
-/* Checks one tensor view's own consistency: data, dtype, dims, strides and
- * the extent it spans; `name` labels the messages. */
-fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name);
-
-/* Validates cfg + args (the one place this happens) and fills `pb`. */
-fmha_status fmha_validate_config(const fmha_config *cfg);
-fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,
-                                  fmha_problem *pb);
-
-/* A validated FP8 quantization: its scaling groups are n_batch x n_head x
- * n_block, each spanning batch_span batches, head_span heads and `rows`
- * tokens (the last block of a sequence may be shorter); `count` entries of
- * scales, in that order. */
-typedef struct fmha_fp8_groups {
-    int64_t n_batch, n_head, n_block;
-    int64_t batch_span, head_span, rows;
-    int64_t count;
-} fmha_fp8_groups;
-
-/* Checks the arguments of an FP8 quantization, for every backend (the one
- * place this happens), and fills `g`. The values of x are not read here: the
- * CPU quantizer refuses infinities itself. */
-fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
-                                   fmha_fp8_scaling scaling, int64_t block_rows,
-                                   fmha_fp8_groups *g);
 
 /* Per-sequence geometry: where sequence b starts and how long it is. */
 static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q0, int64_t *sq,
@@ -117,11 +74,6 @@ static inline float fmha_row_descale(const fmha_problem *pb, int which, int64_t 
     default: return d[0];
     }
 }
-
-/* fp8_compute's choice (select.c): the FP8 kernel for cfg when the chooser
- * has one, else cfg.dtype's kernel; *path and `reason` say which and why. */
-fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *info,
-                                   fmha_layer_path *path, char *reason, size_t len);
 
 /* Offset of element (b, s, h, 0) of a tensor, in elements. */
 static inline int64_t fmha_tensor_offset(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
@@ -181,8 +133,36 @@ static inline float fmha_e4m3_to_f32_inline(uint8_t x)
     return fmha_bits_to_f32(sign | ((e + 120u) << 23) | (m << 20));
 }
 
-float fmha_f16_to_f32_slow(uint16_t h);
-uint16_t fmha_f32_to_f16_slow(float f);
+static inline float fmha_f16_to_f32_inline(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) /* inf / NaN */
+        return fmha_bits_to_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) { /* zero or subnormal: exact as a float */
+        float f = (float)man * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    return fmha_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static inline uint16_t fmha_f32_to_f16_inline(float f)
+{
+    uint32_t u = fmha_f32_to_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) /* NaN */
+        return sign | 0x7e00u;
+    if (a >= 0x477ff000u) /* rounds to >= 65520: infinity */
+        return sign | 0x7c00u;
+    if (a < 0x38800000u) { /* below 2^-14: subnormal or zero, rounded by the FPU */
+        float mag = fmha_bits_to_f32(a);
+        return sign | (uint16_t)lrintf(mag * 0x1p24f);
+    }
+    uint32_t r = a + 0x0fffu + ((a >> 13) & 1u); /* round to nearest even */
+    return sign | (uint16_t)((r - 0x38000000u) >> 13);
+}
 
 /* Loads element `i` of a row of `dtype` as float. */
 static inline float fmha_load_f32(const void *row, fmha_dtype dtype, int64_t i)
@@ -190,7 +170,7 @@ static inline float fmha_load_f32(const void *row, fmha_dtype dtype, int64_t i)
     switch (dtype) {
     case FMHA_DTYPE_F32: return ((const float *)row)[i];
     case FMHA_DTYPE_BF16: return fmha_bf16_to_f32_inline(((const uint16_t *)row)[i]);
-    case FMHA_DTYPE_F16: return fmha_f16_to_f32_slow(((const uint16_t *)row)[i]);
+    case FMHA_DTYPE_F16: return fmha_f16_to_f32_inline(((const uint16_t *)row)[i]);
     case FMHA_DTYPE_F8_E4M3: /* the code's value, not descaled */
         return fmha_e4m3_to_f32_inline(((const uint8_t *)row)[i]);
     default: return 0.0f;
@@ -202,7 +182,7 @@ static inline void fmha_store_f32(void *row, fmha_dtype dtype, int64_t i, float 
     switch (dtype) {
     case FMHA_DTYPE_F32: ((float *)row)[i] = x; break;
     case FMHA_DTYPE_BF16: ((uint16_t *)row)[i] = fmha_f32_to_bf16_inline(x); break;
-    case FMHA_DTYPE_F16: ((uint16_t *)row)[i] = fmha_f32_to_f16_slow(x); break;
+    case FMHA_DTYPE_F16: ((uint16_t *)row)[i] = fmha_f32_to_f16_inline(x); break;
     default: break;
     }
 }

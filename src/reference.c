@@ -2,7 +2,7 @@
  * Plain loops over (sequence, head, query row), one key row at a time, float64
  * accumulation, every feature. Never fast on purpose: it must stay obvious.
  * FP8 inputs are their codes' values times their descales, exactly. */
-#include "internal.h"
+#include "validate.h"
 
 #include <omp.h>
 #include <stdlib.h>

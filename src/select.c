@@ -1,75 +1,305 @@
-/* select.c — the kernel chooser: the one function that decides which kernel
- * runs a configuration, and so whether it is supported at all. */
-#include "internal.h"
-#include "cpu/cpu.h"
-#ifdef FMHA_HAVE_CUDA
-#include "cuda/cuda.h"
-#endif
+/* select.c — the kernel chooser. fmha_plan_make decides, once per layer, which
+ * kernel of kernels.def runs a configuration (and so whether it is supported
+ * at all), reading every column of the table and every environment knob;
+ * fmha_plan_for_call refines that choice with a call's own facts. Nothing
+ * else in the library chooses a kernel. */
+#include "select.h"
+#include "backends.h"
+#include "validate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-static const fmha_kernel_info kernel_table[FMHA_KERNEL_COUNT] = {
-#define FMHA_CPU_KERNEL(name, isa, compute) {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name},
-#define FMHA_CUDA_KERNEL(name, min_sm) {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},
+const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
+#define FMHA_CPU_KERNEL(name, isa, compute, inputs)                                               \
+    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name},              \
+                               isa, NULL, #compute, inputs, FMHA_DL_ALL, 65536, 0, 0, -1},
+#define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback) \
+    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name}, \
+                               min_sm, #family, #compute, inputs, descales, max_d, sm90a,         \
+                               FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback},
+#define FMHA_KERNEL_ID_NONE (-1)
+#define FMHA_TMA_MMA 0
+#define FMHA_TMA_WGMMA 1
 #include "kernels.def"
+#undef FMHA_TMA_MMA
+#undef FMHA_TMA_WGMMA
+#undef FMHA_KERNEL_ID_NONE
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL
 };
 
-/* The ISA asked for: the config's, else FMHA_CPU_ISA (any fmha_cpu_isa_name),
- * else AUTO's pick. */
-static fmha_status requested_isa(const fmha_config *cfg, fmha_cpu_isa *isa)
+/* ------------------------------------------------------------------ knobs */
+
+/* The index of `env` in names[0..n) (case-insensitive), or -1. */
+static int name_index(const char *env, const char *const *names, int n)
 {
-    fmha_cpu_isa best = fmha_cpu_isa_detect();
-    fmha_cpu_isa want = cfg->cpu_isa;
-    const char *env = getenv("FMHA_CPU_ISA");
-    if (want == FMHA_CPU_ISA_AUTO && env && *env) {
-        int i = FMHA_CPU_ISA_AUTO;
-        while (i <= FMHA_CPU_ISA_LAST && strcasecmp(env, fmha_cpu_isa_name((fmha_cpu_isa)i)))
-            i++;
-        if (i > FMHA_CPU_ISA_LAST) {
-            char names[128] = "";
+    for (int i = 0; i < n; i++)
+        if (!strcasecmp(env, names[i]))
+            return i;
+    return -1;
+}
+
+static fmha_status bad_knob(const char *var, const char *env, const char *allowed)
+{
+    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "%s=%s is not %s", var, env, allowed);
+}
+
+/* Every environment variable fmha reads, read here once per plan: a layer
+ * keeps what it saw at fmha_layer_init. Only the variables that can matter to
+ * cfg are read (all of them for cfg NULL), so that a bad value is reported
+ * where it would take effect. */
+fmha_status fmha_knobs_read(const fmha_config *cfg, fmha_knobs *k)
+{
+    const char *env;
+    const int cpu = !cfg || (cfg->device == FMHA_DEVICE_CPU && cfg->cpu_isa == FMHA_CPU_ISA_AUTO);
+    const int cuda = !cfg || cfg->device == FMHA_DEVICE_CUDA;
+    const int fp8 = !cfg || cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF;
+    memset(k, 0, sizeof *k);
+    k->cpu_isa = FMHA_CPU_ISA_AUTO;
+    k->schedule = FMHA_SCHEDULE_SPLIT;
+    k->cluster = FMHA_CLUSTER_AUTO;
+    k->fp8_accum = FMHA_FP8_ACCUM_AUTO;
+    if (cpu && (env = getenv("FMHA_CPU_ISA")) && *env) {
+        const char *names[FMHA_CPU_ISA_LAST + 1];
+        for (int i = 0; i <= FMHA_CPU_ISA_LAST; i++)
+            names[i] = fmha_cpu_isa_name((fmha_cpu_isa)i);
+        const int i = name_index(env, names, FMHA_CPU_ISA_LAST + 1);
+        if (i < 0) {
+            char list[128] = "one of ";
             for (int j = FMHA_CPU_ISA_SCALAR; j <= FMHA_CPU_ISA_LAST; j++)
-                snprintf(names + strlen(names), sizeof names - strlen(names), "%s, ",
-                         fmha_cpu_isa_name((fmha_cpu_isa)j));
-            return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "FMHA_CPU_ISA=%s is not one of %sauto",
-                                  env, names);
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s, ", names[j]);
+            snprintf(list + strlen(list), sizeof list - strlen(list), "auto");
+            return bad_knob("FMHA_CPU_ISA", env, list);
         }
-        want = (fmha_cpu_isa)i;
+        k->cpu_isa = (fmha_cpu_isa)i;
     }
+    if (cuda && (env = getenv("FMHA_CUDA_KERNEL")) && *env) {
+        static const char *const names[] = {"portable", "hopper", "auto"};
+        const int i = name_index(env, names, 3);
+        if (i < 0)
+            return bad_knob("FMHA_CUDA_KERNEL", env, "one of portable, hopper, auto");
+        k->cuda_family = i < 2 ? names[i] : NULL;
+    }
+    if (cuda && (env = getenv("FMHA_CUDA_SCHEDULE")) && *env) {
+        static const char *const names[] = {"tiles", "persistent", "split"};
+        const int i = name_index(env, names, 3);
+        if (i < 0)
+            return bad_knob("FMHA_CUDA_SCHEDULE", env, "one of tiles, persistent, split");
+        k->schedule = (fmha_schedule)i;
+    }
+    if (cuda && (env = getenv("FMHA_CUDA_CLUSTER")) && *env && strcmp(env, "auto")) {
+        if (strcmp(env, "0") && strcmp(env, "1"))
+            return bad_knob("FMHA_CUDA_CLUSTER", env, "auto, 0 or 1");
+        k->cluster = env[0] == '1' ? FMHA_CLUSTER_ON : FMHA_CLUSTER_OFF;
+    }
+    if (cuda && (env = getenv("FMHA_FP8_ACCUM")) && *env) {
+        static const char *const names[] = {"auto", "single", "two_level"};
+        const int i = name_index(env, names, 3);
+        if (i < 0)
+            return bad_knob("FMHA_FP8_ACCUM", env, "one of auto, two_level, single");
+        k->fp8_accum = (fmha_fp8_accum)i;
+    }
+    if (fp8 && (env = getenv("FMHA_FP8_ATTN")) && *env) {
+        if (strcmp(env, "0") && strcmp(env, "1"))
+            return bad_knob("FMHA_FP8_ATTN", env, "0 (FP8 attention off) or 1");
+        k->fp8_attn_off = env[0] == '0';
+    }
+    return FMHA_STATUS_OK;
+}
+
+/* --------------------------------------------------------------- chooser */
+
+static int accepts(const fmha_kernel_desc *k, const fmha_config *cfg)
+{
+    return k->info.device == cfg->device && (k->inputs >> cfg->dtype & 1u) &&
+           cfg->head_dim <= k->max_head_dim && cfg->head_dim_v <= k->max_head_dim;
+}
+
+/* The CPU kernel: of those that take cfg's inputs, the one of the highest ISA
+ * up to the one asked for (cfg.cpu_isa, else FMHA_CPU_ISA, else the
+ * backend's preference). */
+static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn,
+                              const fmha_backend *be, const fmha_kernel_desc **out)
+{
+    fmha_cpu_isa want = cfg->cpu_isa != FMHA_CPU_ISA_AUTO ? cfg->cpu_isa : kn->cpu_isa;
     if (want == FMHA_CPU_ISA_AUTO)
-        want = fmha_cpu_isa_auto();
+        want = (fmha_cpu_isa)be->preferred_level();
+    const fmha_cpu_isa best = (fmha_cpu_isa)be->level();
     if (want > best)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "CPU ISA %s was requested but this CPU/OS supports at most %s",
                               fmha_cpu_isa_name(want), fmha_cpu_isa_name(best));
-    *isa = want;
+    *out = NULL;
+    for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
+        const fmha_kernel_desc *k = &fmha_kernels[i];
+        if (accepts(k, cfg) && k->level <= (int)want && (!*out || k->level > (*out)->level))
+            *out = k;
+    }
+    if (!*out) /* the scalar kernel takes every input */
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no CPU kernel takes %s inputs",
+                              fmha_dtype_name(cfg->dtype));
     return FMHA_STATUS_OK;
 }
 
-#ifdef FMHA_HAVE_CUDA
-/* The Hopper kernel on a compute capability 9.0 device, else the portable
- * one; FMHA_CUDA_KERNEL=portable|hopper|auto overrides (benchmarks, tests). */
-static fmha_status requested_cuda_kernel(int *id)
+/* The CUDA kernel: of those that take cfg and run on the current device (and
+ * are of FMHA_CUDA_KERNEL's family, where it names one), the one of the
+ * highest compute capability. */
+static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn,
+                               const fmha_backend *be, const fmha_kernel_desc **out)
 {
-    const char *env = getenv("FMHA_CUDA_KERNEL");
-    int hopper = fmha_cuda_hopper_usable();
-    if (env && *env && !strcasecmp(env, "portable"))
-        hopper = 0;
-    else if (env && *env && !strcasecmp(env, "hopper")) {
-        if (!hopper)
-            return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                  "FMHA_CUDA_KERNEL=hopper, but the sm_90a kernel needs a compute "
-                                  "capability 9.0 GPU and a build with it: unset FMHA_CUDA_KERNEL");
-    } else if (env && *env && strcasecmp(env, "auto"))
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "FMHA_CUDA_KERNEL=%s is not one of portable, hopper, auto", env);
-    *id = hopper ? FMHA_KERNEL_ID_cuda_hopper_sm90 : FMHA_KERNEL_ID_cuda_flash_sm80;
+    int takes_dtype = 0, takes_dims = 0, family_here = 0;
+    int64_t max_d = 0;
+    for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
+        const fmha_kernel_desc *k = &fmha_kernels[i];
+        if (k->info.device != FMHA_DEVICE_CUDA || !(k->inputs >> cfg->dtype & 1u))
+            continue;
+        takes_dtype = 1;
+        max_d = k->max_head_dim > max_d ? k->max_head_dim : max_d;
+        takes_dims |= accepts(k, cfg);
+    }
+    if (!takes_dtype)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "CUDA kernels take f16 or bf16 q, k, v, or f8_e4m3 on Hopper (got "
+                              "%s): convert the inputs, or use device cpu",
+                              fmha_dtype_name(cfg->dtype));
+    if (!takes_dims)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "CUDA kernels take head dims up to %lld (got %lld, %lld): use "
+                              "device cpu",
+                              (long long)max_d, (long long)cfg->head_dim,
+                              (long long)cfg->head_dim_v);
+    fmha_status st = be->check_device();
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const int level = be->level(), sm90a = be->runs_sm90a();
+    /* The family asked for limits the choice where one of its kernels takes
+     * these inputs (FMHA_CUDA_KERNEL chooses among the 16-bit kernels; f8
+     * inputs have one kernel). */
+    const char *family = kn->cuda_family;
+    for (int i = 0; family && i < FMHA_KERNEL_COUNT; i++)
+        family_here |= accepts(&fmha_kernels[i], cfg) && !strcmp(fmha_kernels[i].family, family);
+    if (!family_here)
+        family = NULL;
+    *out = NULL;
+    for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
+        const fmha_kernel_desc *k = &fmha_kernels[i];
+        if (accepts(k, cfg) && k->level <= level && (!k->sm90a || sm90a) &&
+            (!family || !strcmp(k->family, family)) && (!*out || k->level > (*out)->level))
+            *out = k;
+    }
+    if (*out)
+        return FMHA_STATUS_OK;
+    if (family)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "FMHA_CUDA_KERNEL=%s, but the sm_90a kernel needs a compute "
+                              "capability 9.0 GPU and a build with it: unset FMHA_CUDA_KERNEL",
+                              family);
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                          "%s attention on CUDA needs a compute capability 9.0 GPU (H100/H200) "
+                          "and a build with the sm_90a kernel: use device cpu, or f16/bf16 inputs",
+                          fmha_dtype_name(cfg->dtype));
+}
+
+/* The kernel for plan->cfg, and its variant. */
+static fmha_status choose(fmha_plan *plan)
+{
+    const fmha_backend *be = fmha_backend_of(plan->cfg.device);
+    if (!be)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "this fmha was built without a CUDA backend (no nvcc at build "
+                              "time): use device cpu");
+    fmha_status st = plan->cfg.device == FMHA_DEVICE_CPU
+                         ? choose_cpu(&plan->cfg, &plan->knobs, be, &plan->kernel)
+                         : choose_cuda(&plan->cfg, &plan->knobs, be, &plan->kernel);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    plan->cluster = 1;
+    return be->plan_variant(plan);
+}
+
+/* fp8_compute: the FP8 kernel the chooser gives the same configuration with
+ * f8_e4m3 inputs, else cfg.dtype's kernel. Only UNSUPPORTED falls back: an
+ * invalid configuration stays an error, and so does one whose fallback
+ * cannot run either. */
+static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
+{
+    plan->cfg.dtype = FMHA_DTYPE_F8_E4M3;
+    plan->cfg.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    plan->cfg.fp8_smooth_k = 0;
+    const int per_block = cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK;
+    char why[512] = "";
+    fmha_status st = FMHA_STATUS_UNSUPPORTED;
+    if (plan->knobs.fp8_attn_off) {
+        snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
+    } else if ((st = choose(plan)) == FMHA_STATUS_OK && per_block &&
+               !(plan->kernel->descales & FMHA_DL_PER_BLOCK)) {
+        st = FMHA_STATUS_UNSUPPORTED;
+        snprintf(why, sizeof why, "%s takes per-tensor or per-KV-head descales, not per-block ones",
+                 plan->kernel->info.name);
+    } else if (st == FMHA_STATUS_OK) {
+        char per[48] = "tensor";
+        if (per_block)
+            snprintf(per, sizeof per, "%d tokens of a head", FMHA_FP8_BLOCK_ROWS);
+        plan->path = FMHA_LAYER_PATH_FP8;
+        snprintf(plan->reason, sizeof plan->reason,
+                 "fp8_compute: q, k, v (%s) quantized to f8_e4m3 on each call, one scale per "
+                 "%s%s; FP8 attention on %s",
+                 fmha_dtype_name(cfg->dtype), per,
+                 cfg->fp8_smooth_k ? ", K's per-channel mean subtracted first" : "",
+                 plan->kernel->info.name);
+        return FMHA_STATUS_OK;
+    } else if (st == FMHA_STATUS_UNSUPPORTED) {
+        snprintf(why, sizeof why, "%s", fmha_last_error());
+    } else {
+        return st;
+    }
+    plan->cfg.dtype = cfg->dtype;
+    if ((st = choose(plan)) != FMHA_STATUS_OK)
+        return st;
+    plan->path = FMHA_LAYER_PATH_FP8_FALLBACK;
+    snprintf(plan->reason, sizeof plan->reason,
+             "FP8 attention is unavailable for this configuration (%s): running %s on %s "
+             "instead",
+             why, fmha_dtype_name(cfg->dtype), plan->kernel->info.name);
     return FMHA_STATUS_OK;
 }
+
+fmha_status fmha_plan_make(const fmha_config *cfg, fmha_plan *plan)
+{
+    fmha_status st = fmha_validate_config(cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    memset(plan, 0, sizeof *plan);
+    plan->cfg = *cfg;
+    if ((st = fmha_knobs_read(cfg, &plan->knobs)) != FMHA_STATUS_OK)
+        return st;
+    if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
+        return choose_fp8(cfg, plan);
+    if ((st = choose(plan)) != FMHA_STATUS_OK)
+        return st;
+    plan->path = FMHA_LAYER_PATH_DIRECT;
+    snprintf(plan->reason, sizeof plan->reason, "fp8_compute is off: q, k, v run as %s on %s",
+             fmha_dtype_name(cfg->dtype), plan->kernel->info.name);
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
+{
+    fmha_clear_error();
+    fmha_plan plan;
+    fmha_status st = fmha_plan_make(cfg, &plan);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (!info)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
+    *info = plan.kernel->info;
+    return FMHA_STATUS_OK;
+}
+
+/* ------------------------------------------------------------- per call */
 
 /* TMA addresses 16-byte aligned rows with strides below 2^40 bytes; the
  * stride of an axis of extent 1 is never followed (the kernel's tensor map
@@ -86,228 +316,95 @@ static int tma_addressable(const fmha_tensor *t)
            tma_stride_ok(t->heads, t->stride_head, eb) && tma_stride_ok(t->batch, t->stride_batch, eb);
 }
 
-fmha_status fmha_kernel_for_call(const fmha_kernel_info *kernel, const fmha_problem *pb,
-                                 const fmha_kernel_info **out)
+/* Clusters where the tiles' keys number at least this many, unless
+ * FMHA_CUDA_CLUSTER says otherwise. Measured (H200, bench_cuda.py --ab
+ * FMHA_CUDA_CLUSTER=0,1, three same-process runs, bench/NOTES.md, v11): in
+ * clusters FA3 d128 (16384 keys) +2.9%, +3.6%, +0.9%, d256 +0.7%, +2.6%,
+ * +2.0%, Wan 480p (32760) +8.7%, +3.5%, Wan 720p (75600) -0.1%, -0.3%; Flux
+ * (4608) -0.6%, -2.3%, -2.2%. The two blocks of a cluster wait on each
+ * other's consumers at every K/V slot, a cost that long key ranges spread
+ * over more tiles; what they gain is likely power (L2 -> SM traffic falls
+ * from 3.5-3.8 to 3.0 TB/s, and long runs sit at the board's power limit). */
+#define CLUSTER_MIN_KEYS 8192
+
+/* Whether a call runs in 2-block clusters: a variant that has them, no
+ * dropout, every query tile seeing the same keys (not causal, windowed or
+ * packed), an even number of query tiles per head, a persistent schedule;
+ * under auto, keys as above. */
+static int cluster_fits(const fmha_plan *plan, const fmha_problem *pb)
+{
+    const fmha_config *c = &plan->cfg;
+    const int uniform = !pb->varlen && !c->causal && c->window_left < 0 && c->window_right < 0;
+    const int64_t tiles_x = plan->tile_m ? (pb->max_sq + plan->tile_m - 1) / plan->tile_m : 1;
+    return plan->max_cluster > 1 && plan->knobs.cluster != FMHA_CLUSTER_OFF &&
+           (plan->knobs.cluster == FMHA_CLUSTER_ON || pb->max_sk >= CLUSTER_MIN_KEYS) &&
+           !pb->drop_threshold && uniform && plan->knobs.schedule != FMHA_SCHEDULE_TILES &&
+           tiles_x % 2 == 0;
+}
+
+fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call)
 {
     const fmha_forward_args *a = pb->args;
-    *out = kernel;
-    if (kernel->id == FMHA_KERNEL_ID_cuda_hopper_sm90 &&
-        !(tma_addressable(&a->q) && tma_addressable(&a->k) && tma_addressable(&a->v)))
-        *out = &kernel_table[FMHA_KERNEL_ID_cuda_flash_sm80];
-    if (kernel->id != FMHA_KERNEL_ID_cuda_hopper_fp8_sm90)
-        return FMHA_STATUS_OK;
-    /* The FP8 kernel has no portable twin: what it cannot take is an error. */
-    if (a->descale_layout == FMHA_DESCALE_PER_BLOCK)
+    *call = *plan;
+    const fmha_kernel_desc *k = plan->kernel;
+    if (a->q.dtype == FMHA_DTYPE_F8_E4M3 && !(k->descales >> a->descale_layout & 1u))
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "per-block descales (FMHA_DESCALE_PER_BLOCK) run on the CPU only: on "
                               "CUDA use FMHA_DESCALE_PER_TENSOR or FMHA_DESCALE_PER_KV_HEAD");
-    const fmha_tensor *ts[2] = {&a->q, &a->k};
-    const char *names[2] = {"q", "k"};
-    for (int i = 0; i < 2; i++)
-        if (!tma_addressable(ts[i]))
+    if (k->tma) {
+        /* The FP8 kernel reads v through its own transposed copy. */
+        const int nt = k->fallback < 0 && a->q.dtype == FMHA_DTYPE_F8_E4M3 ? 2 : 3;
+        const fmha_tensor *ts[3] = {&a->q, &a->k, &a->v};
+        const char *names[3] = {"q", "k", "v"};
+        for (int i = 0; i < nt; i++) {
+            if (tma_addressable(ts[i]))
+                continue;
+            if (k->fallback >= 0) {
+                call->kernel = &fmha_kernels[k->fallback];
+                call->max_cluster = 1;
+                fmha_status st = fmha_backend_of(k->info.device)->plan_variant(call);
+                if (st != FMHA_STATUS_OK)
+                    return st;
+                snprintf(call->reason, sizeof call->reason,
+                         "%s reads 16-byte aligned rows, and %s's are not: %s instead",
+                         k->info.name, names[i], call->kernel->info.name);
+                return FMHA_STATUS_OK;
+            }
             return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                  "f8_e4m3 %s on CUDA needs 16-byte aligned rows (data %% 16 == 0, "
-                                  "strides multiples of 16 elements; got strides %lld, %lld, %lld): "
-                                  "pad head_dim to a multiple of 16 or copy %s to a contiguous "
-                                  "tensor",
-                                  names[i], (long long)ts[i]->stride_seq,
-                                  (long long)ts[i]->stride_head, (long long)ts[i]->stride_batch,
-                                  names[i]);
-    return FMHA_STATUS_OK;
-}
-
-/* FMHA_FP8_ACCUM: unset or auto (two-level past FMHA_FP8_TWO_LEVEL_KEYS keys),
- * two_level, or single. */
-fmha_status fmha_fp8_two_level(int64_t max_sk, int *two_level)
-{
-    const char *env = getenv("FMHA_FP8_ACCUM");
-    if (!env || !*env || !strcasecmp(env, "auto"))
-        *two_level = max_sk > FMHA_FP8_TWO_LEVEL_KEYS;
-    else if (!strcasecmp(env, "two_level") || !strcasecmp(env, "single"))
-        *two_level = !strcasecmp(env, "two_level");
-    else
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "FMHA_FP8_ACCUM=%s is not one of auto, two_level, single", env);
-    return FMHA_STATUS_OK;
-}
-
-fmha_status fmha_cuda_schedule(fmha_schedule *schedule)
-{
-    static const char *names[] = {"tiles", "persistent", "split"};
-    const char *env = getenv("FMHA_CUDA_SCHEDULE");
-    *schedule = FMHA_SCHEDULE_SPLIT;
-    if (!env || !*env)
-        return FMHA_STATUS_OK;
-    for (int i = 0; i < 3; i++)
-        if (!strcasecmp(env, names[i])) {
-            *schedule = (fmha_schedule)i;
-            return FMHA_STATUS_OK;
-        }
-    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                          "FMHA_CUDA_SCHEDULE=%s is not one of tiles, persistent, split", env);
-}
-
-fmha_status fmha_cuda_clusters(fmha_cluster_mode *mode)
-{
-    const char *env = getenv("FMHA_CUDA_CLUSTER");
-    *mode = FMHA_CLUSTER_AUTO;
-    if (!env || !*env || !strcmp(env, "auto"))
-        return FMHA_STATUS_OK;
-    if (!strcmp(env, "0") || !strcmp(env, "1")) {
-        *mode = env[0] == '1' ? FMHA_CLUSTER_ON : FMHA_CLUSTER_OFF;
-        return FMHA_STATUS_OK;
-    }
-    return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "FMHA_CUDA_CLUSTER=%s is not auto, 0 or 1",
-                          env);
-}
-#endif
-
-/* What every selection starts with: a valid configuration and somewhere to
- * put the answer. */
-static fmha_status select_begin(const fmha_config *cfg, const fmha_kernel_info *info)
-{
-    fmha_clear_error();
-    fmha_status st = fmha_validate_config(cfg);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    if (!info)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
-    return FMHA_STATUS_OK;
-}
-
-fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
-{
-    fmha_status st = select_begin(cfg, info);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF) {
-        fmha_layer_path path;
-        return fmha_kernel_select_fp8(cfg, info, &path, NULL, 0);
-    }
-    if (cfg->device == FMHA_DEVICE_CUDA) {
-#ifdef FMHA_HAVE_CUDA
-        const int f8 = cfg->dtype == FMHA_DTYPE_F8_E4M3;
-        if (!f8 && cfg->dtype != FMHA_DTYPE_BF16 && cfg->dtype != FMHA_DTYPE_F16)
-            return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                  "CUDA kernels take f16 or bf16 q, k, v, or f8_e4m3 on Hopper (got "
-                                  "%s): convert the inputs, or use device cpu",
-                                  fmha_dtype_name(cfg->dtype));
-        if (cfg->head_dim > 256 || cfg->head_dim_v > 256)
-            return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                  "CUDA kernels take head dims up to 256 (got %lld, %lld): use "
-                                  "device cpu",
-                                  (long long)cfg->head_dim, (long long)cfg->head_dim_v);
-        if ((st = fmha_cuda_check_device()) != FMHA_STATUS_OK)
-            return st;
-        /* f8_e4m3 runs on the Hopper kernel's FP8 variant only. */
-        if (f8) {
-            if (!fmha_cuda_hopper_usable())
-                return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                      "f8_e4m3 attention on CUDA needs a compute capability 9.0 GPU "
-                                      "(H100/H200) and a build with the sm_90a kernel: use device "
-                                      "cpu, or f16/bf16 inputs");
-            *info = kernel_table[FMHA_KERNEL_ID_cuda_hopper_fp8_sm90];
-            return FMHA_STATUS_OK;
-        }
-        int id = FMHA_KERNEL_ID_cuda_flash_sm80;
-        if ((st = requested_cuda_kernel(&id)) != FMHA_STATUS_OK)
-            return st;
-        *info = kernel_table[id];
-        return FMHA_STATUS_OK;
-#else
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "this fmha was built without a CUDA backend (no nvcc at build "
-                              "time): use device cpu");
-#endif
-    }
-
-    fmha_cpu_isa isa = FMHA_CPU_ISA_SCALAR;
-    if ((st = requested_isa(cfg, &isa)) != FMHA_STATUS_OK)
-        return st;
-    int id;
-    switch (isa) {
-    case FMHA_CPU_ISA_AVX512_BF16:
-        id = cfg->dtype == FMHA_DTYPE_BF16 ? FMHA_KERNEL_ID_cpu_avx512_bf16dp
-                                           : FMHA_KERNEL_ID_cpu_avx512_f32;
-        break;
-    case FMHA_CPU_ISA_AVX512: id = FMHA_KERNEL_ID_cpu_avx512_f32; break;
-    case FMHA_CPU_ISA_AVX2: id = FMHA_KERNEL_ID_cpu_avx2_f32; break;
-    default: id = FMHA_KERNEL_ID_cpu_scalar_f32; break;
-    }
-    *info = kernel_table[id];
-    return FMHA_STATUS_OK;
-}
-
-/* FMHA_FP8_ATTN: unset, 1 or 0 (0 sends fp8_compute layers to their fallback). */
-static fmha_status fp8_attn_env(int *off)
-{
-    const char *env = getenv("FMHA_FP8_ATTN");
-    *off = env && !strcmp(env, "0");
-    if (env && *env && strcmp(env, "0") && strcmp(env, "1"))
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "FMHA_FP8_ATTN=%s is not 0 (FP8 attention off) or 1", env);
-    return FMHA_STATUS_OK;
-}
-
-/* fp8_compute: the FP8 kernel the chooser gives the same configuration with
- * f8_e4m3 inputs, else cfg.dtype's kernel. Only UNSUPPORTED falls back: an
- * invalid configuration stays an error, and so does one whose fallback
- * cannot run either. */
-fmha_status fmha_kernel_select_fp8(const fmha_config *cfg, fmha_kernel_info *info,
-                                   fmha_layer_path *path, char *reason, size_t len)
-{
-    fmha_status st = select_begin(cfg, info);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    fmha_config c8 = *cfg;
-    c8.fp8_compute = FMHA_FP8_COMPUTE_OFF;
-    c8.fp8_smooth_k = 0;
-    c8.dtype = FMHA_DTYPE_F8_E4M3;
-    char why[512] = "";
-    int off;
-    if ((st = fp8_attn_env(&off)) != FMHA_STATUS_OK)
-        return st;
-    if (off) {
-        snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
-    } else {
-        st = fmha_kernel_select(&c8, info);
-        /* What the CUDA FP8 path does not take. */
-        const char *lacks = st == FMHA_STATUS_OK && info->device == FMHA_DEVICE_CUDA &&
-                                    cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK
-                                ? "the CUDA FP8 kernel takes per-tensor or per-KV-head descales, not "
-                                  "per-block ones"
-                                : NULL;
-        if (lacks) {
-            st = FMHA_STATUS_UNSUPPORTED;
-            snprintf(why, sizeof why, "%s", lacks);
-        } else if (st == FMHA_STATUS_OK) {
-            char per[48] = "tensor";
-            if (cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK)
-                snprintf(per, sizeof per, "%d tokens of a head", FMHA_FP8_BLOCK_ROWS);
-            *path = FMHA_LAYER_PATH_FP8;
-            if (reason)
-                snprintf(reason, len,
-                         "fp8_compute: q, k, v (%s) quantized to f8_e4m3 on each call, one "
-                         "scale per %s%s; FP8 attention on %s",
-                         fmha_dtype_name(cfg->dtype), per,
-                         cfg->fp8_smooth_k ? ", K's per-channel mean subtracted first" : "",
-                         info->name);
-            return FMHA_STATUS_OK;
-        } else if (st == FMHA_STATUS_UNSUPPORTED) {
-            snprintf(why, sizeof why, "%s", fmha_last_error());
-        } else {
-            return st;
+                                  "%s %s on CUDA needs 16-byte aligned rows (data %% 16 == 0, "
+                                  "strides multiples of 16 elements; got strides %lld, %lld, "
+                                  "%lld): pad head_dim to a multiple of 16 or copy %s to a "
+                                  "contiguous tensor",
+                                  fmha_dtype_name(ts[i]->dtype), names[i],
+                                  (long long)ts[i]->stride_seq, (long long)ts[i]->stride_head,
+                                  (long long)ts[i]->stride_batch, names[i]);
         }
     }
-    fmha_config c0 = c8;
-    c0.dtype = cfg->dtype;
-    if ((st = fmha_kernel_select(&c0, info)) != FMHA_STATUS_OK)
-        return st;
-    *path = FMHA_LAYER_PATH_FP8_FALLBACK;
-    if (reason)
-        snprintf(reason, len,
-                 "FP8 attention is unavailable for this configuration (%s): running %s on %s "
-                 "instead",
-                 why, fmha_dtype_name(cfg->dtype), info->name);
+    call->cluster = cluster_fits(call, pb) ? call->max_cluster : 1;
+    call->two_level = call->has_two_level && fmha_fp8_two_level(call->knobs.fp8_accum, pb->max_sk);
     return FMHA_STATUS_OK;
+}
+
+int fmha_fp8_two_level(fmha_fp8_accum accum, int64_t max_sk)
+{
+    return accum == FMHA_FP8_ACCUM_AUTO ? max_sk > FMHA_FP8_TWO_LEVEL_KEYS
+                                        : accum == FMHA_FP8_ACCUM_TWO_LEVEL;
+}
+
+void fmha_plan_describe(const fmha_plan *plan, char *buf, size_t len)
+{
+    static const char *const schedules[] = {"tiles", "persistent", "split"};
+    static const char *const clusters[] = {"off", "on", "auto"};
+    const fmha_kernel_desc *k = plan->kernel;
+    int n = snprintf(buf, len, "%s (%s): %s inputs", k->info.name, k->compute,
+                     fmha_dtype_name(plan->cfg.dtype));
+    if (n >= 0 && (size_t)n < len && plan->head_dim_variant)
+        n += snprintf(buf + n, len - n, ", head dim %d variant", plan->head_dim_variant);
+    if (n >= 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - n, ", tile %dx%d", plan->tile_m, plan->tile_n);
+    if (n >= 0 && (size_t)n < len && k->info.device == FMHA_DEVICE_CUDA && k->tma)
+        n += snprintf(buf + n, len - n, ", schedule %s, clusters %s",
+                      schedules[plan->knobs.schedule], clusters[plan->knobs.cluster]);
+    if (n >= 0 && (size_t)n < len && plan->workspace)
+        snprintf(buf + n, len - n, ", workspace %zu bytes", plan->workspace);
 }

@@ -1,7 +1,7 @@
 /* validate.c — the one place where a configuration and a forward call are
  * checked. Backends run only on what passed here, so they trust every number
  * and never repeat a check. */
-#include "internal.h"
+#include "validate.h"
 
 #include <math.h>
 
@@ -197,8 +197,13 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
                                   fmha_problem *pb)
 {
     fmha_status st = fmha_validate_config(cfg);
-    if (st != FMHA_STATUS_OK)
-        return st;
+    return st != FMHA_STATUS_OK ? st : fmha_validate_args(cfg, a, pb);
+}
+
+fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *a,
+                               fmha_problem *pb)
+{
+    fmha_status st;
     if (!a)
         return INVALID("forward args are NULL");
 

@@ -6,11 +6,8 @@
 #define _GNU_SOURCE /* setenv, fork */
 
 #include "cpu/cpu.h"
-#include "internal.h"
+#include "select.h"
 #include "testutil.h"
-#ifdef FMHA_HAVE_CUDA
-#include "cuda/cuda.h"
-#endif
 
 #include <math.h>
 #include <signal.h>
@@ -1214,7 +1211,6 @@ static void test_layer_reuse(void)
     fmha_layer_free(layer);
 }
 
-#ifdef FMHA_HAVE_CUDA
 /* The FP8 kernel's accumulation mode (no GPU needed to choose it): auto takes
  * two-level past FMHA_FP8_TWO_LEVEL_KEYS keys, the other values force one. */
 static void test_fp8_accum(void)
@@ -1233,14 +1229,17 @@ static void test_fp8_accum(void)
         else
             unsetenv("FMHA_FP8_ACCUM");
         int two = -1;
-        const fmha_status st = fmha_fp8_two_level(cases[i].keys, &two);
+        fmha_knobs k;
+        const fmha_status st = fmha_knobs_read(NULL, &k);
+        if (st == FMHA_STATUS_OK)
+            two = fmha_fp8_two_level(k.fp8_accum, cases[i].keys);
         TU_CHECK(st == FMHA_STATUS_OK && two == cases[i].want, "FMHA_FP8_ACCUM=%s, %lld keys: %d (%s)",
                  cases[i].env ? cases[i].env : "(unset)", (long long)cases[i].keys, two,
                  fmha_last_error());
     }
     setenv("FMHA_FP8_ACCUM", "double", 1);
-    int two = -1;
-    TU_CHECK(fmha_fp8_two_level(100, &two) == FMHA_STATUS_INVALID_ARGUMENT &&
+    fmha_knobs k;
+    TU_CHECK(fmha_knobs_read(NULL, &k) == FMHA_STATUS_INVALID_ARGUMENT &&
                  strstr(fmha_last_error(), "FMHA_FP8_ACCUM=double is not one of auto, two_level, single"),
              "FMHA_FP8_ACCUM=double: %s", fmha_last_error());
     unsetenv("FMHA_FP8_ACCUM");
@@ -1249,17 +1248,17 @@ static void test_fp8_accum(void)
 /* The Hopper kernel's switches, each as an int for one table. */
 static fmha_status schedule_of_env(int *v)
 {
-    fmha_schedule m = (fmha_schedule)-1;
-    const fmha_status st = fmha_cuda_schedule(&m);
-    *v = (int)m;
+    fmha_knobs k;
+    const fmha_status st = fmha_knobs_read(NULL, &k);
+    *v = st == FMHA_STATUS_OK ? (int)k.schedule : -1;
     return st;
 }
 
 static fmha_status clusters_of_env(int *v)
 {
-    fmha_cluster_mode m = (fmha_cluster_mode)-1;
-    const fmha_status st = fmha_cuda_clusters(&m);
-    *v = (int)m;
+    fmha_knobs k;
+    const fmha_status st = fmha_knobs_read(NULL, &k);
+    *v = st == FMHA_STATUS_OK ? (int)k.cluster : -1;
     return st;
 }
 
@@ -1313,7 +1312,6 @@ static void test_cuda_switches(void)
         unsetenv(bad[i].var);
     }
 }
-#endif
 
 int main(void)
 {
@@ -1329,10 +1327,8 @@ int main(void)
     test_config();
     test_varlen();
     test_fp8_args();
-#ifdef FMHA_HAVE_CUDA
     test_fp8_accum();
     test_cuda_switches();
-#endif
     test_isa();
     test_success();
     test_layer_reuse();

@@ -1,6 +1,6 @@
 /* testutil.c — shared helpers of the C tests (see testutil.h). */
 #include "testutil.h"
-#include "internal.h"
+#include "validate.h"
 
 #include <math.h>
 #include <omp.h>

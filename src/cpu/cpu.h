@@ -4,7 +4,7 @@
 #ifndef FMHA_CPU_H
 #define FMHA_CPU_H
 
-#include "../internal.h"
+#include "../plan.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -76,8 +76,8 @@ typedef struct fmha_cpu_ops {
     void (*pack_v)(const uint16_t *v, int64_t vs, int nj, int64_t dv, int64_t dvp, uint16_t *v2);
 } fmha_cpu_ops;
 
-#define FMHA_CPU_KERNEL(name, isa, compute) extern const fmha_cpu_ops fmha_ops_##name;
-#define FMHA_CUDA_KERNEL(name, min_sm)
+#define FMHA_CPU_KERNEL(name, ...) extern const fmha_cpu_ops fmha_ops_##name;
+#define FMHA_CUDA_KERNEL(name, ...)
 #include "../kernels.def"
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL

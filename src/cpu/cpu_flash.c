@@ -14,8 +14,8 @@
 enum { BR = FMHA_CPU_BR, BC = FMHA_CPU_BC };
 
 static const fmha_cpu_ops *const ops_table[FMHA_KERNEL_COUNT] = {
-#define FMHA_CPU_KERNEL(name, isa, compute) [FMHA_KERNEL_ID_##name] = &fmha_ops_##name,
-#define FMHA_CUDA_KERNEL(name, min_sm)
+#define FMHA_CPU_KERNEL(name, ...) [FMHA_KERNEL_ID_##name] = &fmha_ops_##name,
+#define FMHA_CUDA_KERNEL(name, ...)
 #include "../kernels.def"
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL

@@ -1,7 +1,6 @@
 /* cuda_common.cuh — what the CUDA kernels share: the problem as a kernel
  * parameter block (flash_params), the element types, the softmax's fast math
- * and the host-side error helper. Included by cuda_flash.cu (portable) and
- * cuda_hopper.cu (sm_90a). */
+ * and the host-side error helper. Included by every CUDA source. */
 #ifndef FMHA_CUDA_COMMON_CUH
 #define FMHA_CUDA_COMMON_CUH
 
@@ -245,6 +244,36 @@ inline fmha_status check_device_pointer(const void *ptr, const char *name, const
     return FMHA_STATUS_OK;
 }
 
+/* CUDA devices the runtime sees; 0 without a driver or GPU. */
+inline int device_count()
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* OK when a device of compute capability >= 8.0 is current; else UNSUPPORTED
+ * with the reason. */
+inline fmha_status check_device()
+{
+    if (device_count() == 0)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "no CUDA device found (driver missing or no GPU): use device cpu");
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major < 8)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "CUDA device %d has compute capability %d.%d; fmha's CUDA kernels "
+                              "need 8.0 (Ampere) or later",
+                              dev, major, minor);
+    return FMHA_STATUS_OK;
+}
+
 inline bool chunk_aligned(const fmha_tensor &t)
 {
     return ((uintptr_t)t.data % 16) == 0 && t.stride_batch % 8 == 0 && t.stride_seq % 8 == 0 &&
@@ -300,11 +329,21 @@ inline void fill_flash_params(const fmha_problem *pb, flash_params *p)
     p->kv_heads = (int)pb->kv_heads;
 }
 
+/* cuda_flash.cu: the portable kernel's variant for a plan (head dim, tile),
+ * and a call on it. */
+fmha_status portable_variant(fmha_plan *plan);
+fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
+                             cudaStream_t stream);
+
 #ifdef FMHA_HAVE_CUDA_HOPPER
-/* cuda_hopper.cu: runs p on the sm_90a kernel (f16/bf16 inputs), or on its
- * FP8 variant (f8_e4m3 inputs). */
-fmha_status hopper_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream);
-fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream);
+/* The Hopper kernels: the variant for a plan (compiled head dim, tile,
+ * clusters, two-level accumulation), and a call on the sm_90a kernel (f16/bf16
+ * inputs) or its FP8 variant (f8_e4m3 inputs), as the call's plan says. */
+fmha_status hopper_variant(fmha_plan *plan);
+fmha_status hopper_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
+                           cudaStream_t stream);
+fmha_status hopper_fp8_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
+                               cudaStream_t stream);
 #endif
 
 } // namespace fmha_cuda

@@ -344,171 +344,38 @@ cudaError_t launch(const flash_params &p, int64_t max_sq, int batch, cudaStream_
                             : launch_variant<D, BF16, false>(p, max_sq, batch, stream);
 }
 
-const char *const layer_fix =
-    ", but the layer runs on CUDA: pass device memory (cudaMalloc) or build the layer with device cpu";
-
 } // namespace
 
-extern "C" int fmha_cuda_device_count(void)
+namespace fmha_cuda {
+
+fmha_status portable_variant(fmha_plan *plan)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
+    const int64_t dmax = plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
+#define FMHA_VARIANT(D)                                                                           \
+    if (dmax <= D) {                                                                              \
+        plan->head_dim_variant = D;                                                               \
+        plan->tile_m = tile<D>::BM;                                                               \
+        plan->tile_n = tile<D>::BN;                                                               \
+        return FMHA_STATUS_OK;                                                                    \
     }
-    return n;
+    FMHA_CUDA_HEAD_DIMS(FMHA_VARIANT)
+#undef FMHA_VARIANT
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
+                          (long long)dmax);
 }
 
-extern "C" fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
+fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
+                             cudaStream_t stream)
 {
-    cudaDeviceProp prop;
-    cudaError_t err = cudaGetDeviceProperties(&prop, dev);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "CUDA device %d: %s", dev,
-                              cudaGetErrorString(err));
-    }
-    snprintf(buf, len, "%s, sm_%d%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
-             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
-    return FMHA_STATUS_OK;
-}
-
-extern "C" fmha_status fmha_cuda_alloc(void **ptr, size_t bytes)
-{
-    *ptr = nullptr;
-    cudaError_t err = cudaMalloc(ptr, bytes);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        *ptr = nullptr;
-        return fmha_set_error(err == cudaErrorMemoryAllocation ? FMHA_STATUS_OUT_OF_MEMORY
-                                                               : FMHA_STATUS_BACKEND_ERROR,
-                              "reserving %zu bytes of device scratch: %s", bytes,
-                              cudaGetErrorString(err));
-    }
-    return FMHA_STATUS_OK;
-}
-
-extern "C" void fmha_cuda_free(void *ptr)
-{
-    if (ptr)
-        cudaFree(ptr);
-}
-
-extern "C" fmha_status fmha_cuda_check_device(void)
-{
-    if (fmha_cuda_device_count() == 0)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "no CUDA device found (driver missing or no GPU): use device cpu");
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (major < 8)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "CUDA device %d has compute capability %d.%d; fmha's CUDA kernels "
-                              "need 8.0 (Ampere) or later",
-                              dev, major, minor);
-    return FMHA_STATUS_OK;
-}
-
-extern "C" int fmha_cuda_hopper_usable(void)
-{
-#ifdef FMHA_HAVE_CUDA_HOPPER
-    int dev = 0, major = 0, minor = 0;
-    if (fmha_cuda_device_count() == 0 || cudaGetDevice(&dev) != cudaSuccess)
-        return 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major == 9 && minor == 0;
-#else
-    return 0;
-#endif
-}
-
-extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, int32_t **q,
-                                                  int32_t **k)
-{
-    *q = *k = NULL;
-    if (!a || !a->cu_seqlens_q || !a->cu_seqlens_k || a->varlen_batch <= 0 ||
-        a->varlen_batch >= INT32_MAX)
-        return FMHA_STATUS_OK;
-    fmha_status st = check_device_pointer(a->cu_seqlens_q, "cu_seqlens_q", layer_fix);
-    if (st == FMHA_STATUS_OK)
-        st = check_device_pointer(a->cu_seqlens_k, "cu_seqlens_k", layer_fix);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    const size_t bytes = sizeof(int32_t) * (size_t)(a->varlen_batch + 1);
-    *q = (int32_t *)malloc(bytes);
-    *k = (int32_t *)malloc(bytes);
-    if (!*q || !*k) {
-        free(*q);
-        free(*k);
-        *q = *k = NULL;
-        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory copying cu_seqlens");
-    }
-    cudaError_t err = cudaMemcpy(*q, a->cu_seqlens_q, bytes, cudaMemcpyDeviceToHost);
-    if (err == cudaSuccess)
-        err = cudaMemcpy(*k, a->cu_seqlens_k, bytes, cudaMemcpyDeviceToHost);
-    if (err != cudaSuccess) {
-        free(*q);
-        free(*k);
-        *q = *k = NULL;
-        return cuda_error(err, "copying cu_seqlens to the host");
-    }
-    return FMHA_STATUS_OK;
-}
-
-extern "C" fmha_status fmha_cuda_forward(const fmha_problem *pb, const fmha_kernel_info *kernel)
-{
-    const fmha_forward_args *a = pb->args;
-    const fmha_config *cfg = pb->cfg;
-    const struct {
-        const void *ptr;
-        const char *name;
-    } ptrs[] = {{a->q.data, "q"},          {a->k.data, "k"},           {a->v.data, "v"},
-                {a->out.data, "out"},      {a->lse, "lse"},            {a->cu_seqlens_q, "cu_seqlens_q"},
-                {a->cu_seqlens_k, "cu_seqlens_k"}, {a->descale_q, "descale_q"},
-                {a->descale_k, "descale_k"}, {a->descale_v, "descale_v"}};
-    for (const auto &p : ptrs) {
-        if (!p.ptr)
-            continue;
-        fmha_status st = check_device_pointer(p.ptr, p.name, layer_fix);
-        if (st != FMHA_STATUS_OK)
-            return st;
-    }
-
-    if (pb->max_sq == 0) /* packed batch of empty query sequences: no row to write */
-        return FMHA_STATUS_OK;
-    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
-    flash_params p;
-    fill_flash_params(pb, &p);
-    cudaStream_t stream = (cudaStream_t)a->stream;
-    const fmha_kernel_info *k = NULL;
-    fmha_status st = fmha_kernel_for_call(kernel, pb, &k);
-    if (st != FMHA_STATUS_OK)
-        return st;
-#ifdef FMHA_HAVE_CUDA_HOPPER
-    if (k->id == FMHA_KERNEL_ID_cuda_hopper_sm90)
-        return hopper_forward(pb, p, stream);
-    if (k->id == FMHA_KERNEL_ID_cuda_hopper_fp8_sm90)
-        return hopper_fp8_forward(pb, p, stream);
-#endif
-    if (k->id != FMHA_KERNEL_ID_cuda_flash_sm80)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not in this build", k->name);
-    const bool bf16 = cfg->dtype == FMHA_DTYPE_BF16;
+    const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
     const int batch = (int)pb->batch;
     cudaError_t err = cudaErrorInvalidValue;
 #define FMHA_LAUNCH(D)                                                                            \
-    else if (dmax <= D) err = bf16 ? launch<D, true>(p, pb->max_sq, batch, stream)                \
-                                   : launch<D, false>(p, pb->max_sq, batch, stream);
-    if (0) {
-    }
+    if (plan->head_dim_variant == D)                                                              \
+        err = bf16 ? launch<D, true>(p, pb->max_sq, batch, stream) : launch<D, false>(p, pb->max_sq, batch, stream);
     FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
-    else return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                               "head dim %lld is above 256, the largest CUDA kernel",
-                               (long long)dmax);
 #undef FMHA_LAUNCH
-    if (err != cudaSuccess)
-        return cuda_error(err, "the attention kernel launch");
-    return FMHA_STATUS_OK;
+    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the attention kernel launch");
 }
+
+} // namespace fmha_cuda

@@ -637,7 +637,7 @@ bool rows_aligned(const fmha_tensor &t, int64_t es, int64_t align)
 extern "C" fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_tensor *y,
                                               float *scales, const fmha_fp8_groups *g, void *stream)
 {
-    fmha_status st = fmha_cuda_check_device();
+    fmha_status st = fmha_cuda::check_device();
     if (st != FMHA_STATUS_OK || (st = check_device_memory(x->data, "x.data")) != FMHA_STATUS_OK ||
         (st = check_device_memory(y->data, "y.data")) != FMHA_STATUS_OK ||
         (st = check_device_memory(scales, "scales")) != FMHA_STATUS_OK)
@@ -726,7 +726,7 @@ extern "C" fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_t
 
 /* ---------------------------------------------------------- fp8_smooth_k */
 
-/* fp8_smooth_k on the GPU (fmha.c's forward_fp8): K less its mean over the
+/* fp8_smooth_k on the GPU (layer_fp8.c's FP8 path): K less its mean over the
  * tokens of each (batch entry, KV head, channel), as contiguous f32 that the
  * quantizer then takes as its x; the same steps as the CPU's smooth_k, in
  * three launches and without atomics, so a call's means do not depend on the

@@ -1084,27 +1084,6 @@ hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int 
                       mode, cl);
 }
 
-/* Clusters where the tiles' keys number at least this many, unless
- * FMHA_CUDA_CLUSTER says otherwise. Measured (H200, bench_cuda.py --ab
- * FMHA_CUDA_CLUSTER=0,1, three same-process runs, bench/RESULTS.md): in
- * clusters FA3 d128 (16384 keys) +2.9%, +3.6%, +0.9%, d256 +0.7%, +2.6%,
- * +2.0%, Wan 480p (32760) +8.7%, +3.5%, Wan 720p (75600) -0.1%, -0.3%; Flux
- * (4608) -0.6%, -2.3%, -2.2%. The two blocks of a cluster wait on each
- * other's consumers at every K/V slot, a cost that long key ranges spread
- * over more tiles; what they gain is likely power (L2 -> SM traffic falls
- * from 3.5-3.8 to 3.0 TB/s, and long runs sit at the board's power limit),
- * not measured directly. */
-constexpr int64_t CLUSTER_MIN_KEYS = 8192;
-
-/* Whether a launch of a variant that has clusters (launch: 16-bit, D >=
- * 128) runs in them: no dropout, uniform tiles, an even number of query
- * tiles per head, a persistent schedule; under auto, keys as above. */
-bool cluster_fits(const flash_params &p, int64_t tiles_x, fmha_schedule mode, fmha_cluster_mode cm)
-{
-    return cm != FMHA_CLUSTER_OFF && (cm == FMHA_CLUSTER_ON || p.sk >= CLUSTER_MIN_KEYS) &&
-           !p.drop_threshold && uniform_tiles(p) && mode != FMHA_SCHEDULE_TILES && tiles_x % 2 == 0;
-}
-
 /* The kernel on its schedule; a split tail's partials live in pooled
  * scratch until combine_kernel has merged them. */
 template <int D, int IN, bool DROPOUT, bool TWO_LEVEL, int CL>
@@ -1279,25 +1258,21 @@ struct vt_view {
 /* The tensor maps, then the kernel variant: dropout, or two-level
  * accumulation (FP8 at D <= 128 only: it holds one tile's P V beside O,
  * which at D = 256, or with dropout's draws at D = 128, spills: ptxas, 380
- * bytes), or neither. */
+ * bytes), or clusters, or none of them — as the call's plan says. */
 template <int D, int IN>
-fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt, bool two_level,
+fmha_status launch(hopper_params &hp, const fmha_plan *plan, const fmha_problem *pb, const vt_view *vt,
                    cudaStream_t stream)
 {
     typedef htile<D, IN> TL;
     const fmha_forward_args *a = pb->args;
     hp.tau = lazy_tau(IN);
     fmha_status st;
-    fmha_schedule mode;
-    fmha_cluster_mode clusters;
-    if ((st = fmha_cuda_schedule(&mode)) != FMHA_STATUS_OK ||
-        (st = fmha_cuda_clusters(&clusters)) != FMHA_STATUS_OK)
-        return st;
+    const fmha_schedule mode = plan->knobs.schedule;
     const int64_t max_sq = pb->max_sq;
     const int batch = (int)pb->batch;
     constexpr bool TWO = TL::FP8 && D <= 128;
     constexpr int CL2 = TL::FP8 || D < 128 ? 1 : 2; /* clusters: 16-bit variants at D >= 128 */
-    const bool cl = CL2 > 1 && cluster_fits(hp.p, (max_sq + TL::BM - 1) / TL::BM, mode, clusters);
+    const bool cl = CL2 > 1 && plan->cluster == CL2;
     /* In clusters each block loads half of a K/V tile's rows. */
     const int kv_rows = cl ? TL::BN / CL2 : TL::BN;
     if ((st = make_map(&hp.tq, a->q, TL::BM, IN, "q")) != FMHA_STATUS_OK ||
@@ -1317,26 +1292,24 @@ fmha_status launch(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
                                    "out")) != FMHA_STATUS_OK)
         return st;
     const cudaError_t err =
-        hp.p.drop_threshold ? launch_variant<D, IN, true, false, 1>(hp, max_sq, batch, mode, stream)
-        : two_level && TWO  ? launch_variant<D, IN, false, TWO, 1>(hp, max_sq, batch, mode, stream)
-        : cl                ? launch_variant<D, IN, false, false, CL2>(hp, max_sq, batch, mode, stream)
-                            : launch_variant<D, IN, false, false, 1>(hp, max_sq, batch, mode, stream);
+        hp.p.drop_threshold       ? launch_variant<D, IN, true, false, 1>(hp, max_sq, batch, mode, stream)
+        : plan->two_level && TWO ? launch_variant<D, IN, false, TWO, 1>(hp, max_sq, batch, mode, stream)
+        : cl                      ? launch_variant<D, IN, false, false, CL2>(hp, max_sq, batch, mode, stream)
+                                  : launch_variant<D, IN, false, false, 1>(hp, max_sq, batch, mode, stream);
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
 }
 
-/* The smallest compiled head dim that holds the call; vt != NULL for FP8. */
-fmha_status launch_head_dim(hopper_params &hp, const fmha_problem *pb, const vt_view *vt,
-                            bool two_level, cudaStream_t stream)
+/* The plan's compiled head dim; vt != NULL for FP8. */
+fmha_status launch_head_dim(hopper_params &hp, const fmha_plan *plan, const fmha_problem *pb,
+                            const vt_view *vt, cudaStream_t stream)
 {
-    const int64_t dmax = pb->d > pb->dv ? pb->d : pb->dv;
-    const bool bf16 = pb->cfg->dtype == FMHA_DTYPE_BF16;
+    const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
 #define FMHA_LAUNCH(D)                                                                            \
-    if (dmax <= D)                                                                                \
-        return bf16 ? launch<D, IN_BF16>(hp, pb, vt, two_level, stream)                           \
-                    : launch<D, IN_F16>(hp, pb, vt, two_level, stream);
+    if (plan->head_dim_variant == D)                                                              \
+        return bf16 ? launch<D, IN_BF16>(hp, plan, pb, vt, stream) : launch<D, IN_F16>(hp, plan, pb, vt, stream);
 #define FMHA_LAUNCH_FP8(D)                                                                        \
-    if (dmax <= D)                                                                                \
-        return launch<D, IN_E4M3>(hp, pb, vt, two_level, stream);
+    if (plan->head_dim_variant == D)                                                              \
+        return launch<D, IN_E4M3>(hp, plan, pb, vt, stream);
     if (vt) {
         FMHA_CUDA_FP8_HEAD_DIMS(FMHA_LAUNCH_FP8)
     } else {
@@ -1344,8 +1317,7 @@ fmha_status launch_head_dim(hopper_params &hp, const fmha_problem *pb, const vt_
     }
 #undef FMHA_LAUNCH
 #undef FMHA_LAUNCH_FP8
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
-                          (long long)dmax);
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim variant %d is not compiled", plan->head_dim_variant);
 }
 
 hopper_params params_of(const fmha_problem *pb, const flash_params &p)
@@ -1361,20 +1333,48 @@ hopper_params params_of(const fmha_problem *pb, const flash_params &p)
 
 namespace fmha_cuda {
 
-fmha_status hopper_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream)
+/* The variant of a plan: the smallest compiled head dim that holds it, and
+ * that variant's tile, clusters and two-level accumulation. */
+fmha_status hopper_variant(fmha_plan *plan)
+{
+    const int64_t dmax = plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
+#define FMHA_VARIANT(D, IN)                                                                       \
+    if (dmax <= D) {                                                                              \
+        typedef htile<D, IN> TL;                                                                  \
+        plan->head_dim_variant = D;                                                               \
+        plan->tile_m = TL::BM;                                                                    \
+        plan->tile_n = TL::BN;                                                                    \
+        plan->max_cluster = TL::FP8 || D < 128 ? 1 : 2;                                           \
+        plan->has_two_level = TL::FP8 && D <= 128;                                                \
+        return FMHA_STATUS_OK;                                                                    \
+    }
+#define FMHA_VARIANT_16(D) FMHA_VARIANT(D, IN_BF16)
+#define FMHA_VARIANT_FP8(D) FMHA_VARIANT(D, IN_E4M3)
+    if (plan->cfg.dtype == FMHA_DTYPE_F8_E4M3) {
+        FMHA_CUDA_FP8_HEAD_DIMS(FMHA_VARIANT_FP8)
+    } else {
+        FMHA_CUDA_HEAD_DIMS(FMHA_VARIANT_16)
+    }
+#undef FMHA_VARIANT
+#undef FMHA_VARIANT_16
+#undef FMHA_VARIANT_FP8
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
+                          (long long)dmax);
+}
+
+fmha_status hopper_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
+                           cudaStream_t stream)
 {
     hopper_params h = params_of(pb, p);
-    return launch_head_dim(h, pb, nullptr, false, stream);
+    return launch_head_dim(h, plan, pb, nullptr, stream);
 }
 
 /* FP8: V^T into pooled scratch on the stream, then the kernel; the scratch
  * goes back to the pool behind the kernel. */
-fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cudaStream_t stream)
+fmha_status hopper_fp8_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
+                               cudaStream_t stream)
 {
-    int two_level;
-    fmha_status st = fmha_fp8_two_level(pb->max_sk, &two_level);
-    if (st != FMHA_STATUS_OK)
-        return st;
+    fmha_status st;
     const fmha_forward_args *a = pb->args;
     hopper_params h = params_of(pb, p);
     /* P <= 2^tau (the lazy max), times drop_scale after dropout: scaled by
@@ -1399,7 +1399,7 @@ fmha_status hopper_fp8_forward(const fmha_problem *pb, const flash_params &p, cu
     if ((err = cudaGetLastError()) != cudaSuccess)
         st = cuda_error(err, "the FP8 V^T kernel launch");
     else
-        st = launch_head_dim(h, pb, &vt, two_level, stream);
+        st = launch_head_dim(h, plan, pb, &vt, stream);
     cudaFreeAsync(vt.data, stream);
     return st;
 }

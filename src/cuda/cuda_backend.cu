@@ -1,0 +1,184 @@
+/* cuda_backend.cu — the CUDA backend's table of operations (backend.h):
+ * device queries, device memory, cu_seqlens for validation, and the forward
+ * call handed to the plan's kernel (cuda_flash.cu's portable one, or the
+ * Hopper kernel in hopper/). The FP8 quantizer and fp8_smooth_k are
+ * cuda_fp8.cu's. */
+#include "cuda_common.cuh"
+#include "../backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+using namespace fmha_cuda;
+
+namespace {
+const char *const layer_fix =
+    ", but the layer runs on CUDA: pass device memory (cudaMalloc) or build the layer with device cpu";
+} // namespace
+
+
+extern "C" int fmha_cuda_device_count(void)
+{
+    return device_count();
+}
+
+extern "C" fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
+{
+    cudaDeviceProp prop;
+    cudaError_t err = cudaGetDeviceProperties(&prop, dev);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "CUDA device %d: %s", dev,
+                              cudaGetErrorString(err));
+    }
+    snprintf(buf, len, "%s, sm_%d%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    return FMHA_STATUS_OK;
+}
+
+extern "C" fmha_status fmha_cuda_alloc(void **ptr, size_t bytes)
+{
+    *ptr = nullptr;
+    cudaError_t err = cudaMalloc(ptr, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = nullptr;
+        return fmha_set_error(err == cudaErrorMemoryAllocation ? FMHA_STATUS_OUT_OF_MEMORY
+                                                               : FMHA_STATUS_BACKEND_ERROR,
+                              "reserving %zu bytes of device scratch: %s", bytes,
+                              cudaGetErrorString(err));
+    }
+    return FMHA_STATUS_OK;
+}
+
+extern "C" void fmha_cuda_free(void *ptr)
+{
+    if (ptr)
+        cudaFree(ptr);
+}
+
+extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, int32_t **q,
+                                                  int32_t **k)
+{
+    *q = *k = NULL;
+    if (!a || !a->cu_seqlens_q || !a->cu_seqlens_k || a->varlen_batch <= 0 ||
+        a->varlen_batch >= INT32_MAX)
+        return FMHA_STATUS_OK;
+    fmha_status st = check_device_pointer(a->cu_seqlens_q, "cu_seqlens_q", layer_fix);
+    if (st == FMHA_STATUS_OK)
+        st = check_device_pointer(a->cu_seqlens_k, "cu_seqlens_k", layer_fix);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const size_t bytes = sizeof(int32_t) * (size_t)(a->varlen_batch + 1);
+    *q = (int32_t *)malloc(bytes);
+    *k = (int32_t *)malloc(bytes);
+    if (!*q || !*k) {
+        free(*q);
+        free(*k);
+        *q = *k = NULL;
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory copying cu_seqlens");
+    }
+    cudaError_t err = cudaMemcpy(*q, a->cu_seqlens_q, bytes, cudaMemcpyDeviceToHost);
+    if (err == cudaSuccess)
+        err = cudaMemcpy(*k, a->cu_seqlens_k, bytes, cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) {
+        free(*q);
+        free(*k);
+        *q = *k = NULL;
+        return cuda_error(err, "copying cu_seqlens to the host");
+    }
+    return FMHA_STATUS_OK;
+}
+
+/* Runs a call on the kernel of its plan, on the current device and
+ * args->stream, after checking that every pointer is device memory. */
+static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws)
+{
+    (void)ws;
+    const fmha_forward_args *a = pb->args;
+    const struct {
+        const void *ptr;
+        const char *name;
+    } ptrs[] = {{a->q.data, "q"},          {a->k.data, "k"},           {a->v.data, "v"},
+                {a->out.data, "out"},      {a->lse, "lse"},            {a->cu_seqlens_q, "cu_seqlens_q"},
+                {a->cu_seqlens_k, "cu_seqlens_k"}, {a->descale_q, "descale_q"},
+                {a->descale_k, "descale_k"}, {a->descale_v, "descale_v"}};
+    for (const auto &p : ptrs) {
+        if (!p.ptr)
+            continue;
+        fmha_status st = check_device_pointer(p.ptr, p.name, layer_fix);
+        if (st != FMHA_STATUS_OK)
+            return st;
+    }
+    if (pb->max_sq == 0) /* packed batch of empty query sequences: no row to write */
+        return FMHA_STATUS_OK;
+    flash_params p;
+    fill_flash_params(pb, &p);
+    cudaStream_t stream = (cudaStream_t)a->stream;
+    switch (plan->kernel->info.id) {
+    case FMHA_KERNEL_ID_cuda_flash_sm80: return portable_forward(plan, pb, p, stream);
+#ifdef FMHA_HAVE_CUDA_HOPPER
+    case FMHA_KERNEL_ID_cuda_hopper_sm90: return hopper_forward(plan, pb, p, stream);
+    case FMHA_KERNEL_ID_cuda_hopper_fp8_sm90: return hopper_fp8_forward(plan, pb, p, stream);
+#endif
+    default:
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not in this build",
+                              plan->kernel->info.name);
+    }
+}
+
+static int cuda_level(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    if (device_count() == 0 || cudaGetDevice(&dev) != cudaSuccess)
+        return 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return 10 * major + minor;
+}
+
+/* The Hopper kernels are sm_90a machine code: compute capability 9.0 only. */
+static int cuda_runs_sm90a(void)
+{
+#ifdef FMHA_HAVE_CUDA_HOPPER
+    return cuda_level() == 90;
+#else
+    return 0;
+#endif
+}
+
+static fmha_status cuda_plan_variant(fmha_plan *plan)
+{
+    plan->max_cluster = 1;
+    plan->has_two_level = 0;
+#ifdef FMHA_HAVE_CUDA_HOPPER
+    if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80)
+        return hopper_variant(plan);
+#endif
+    return portable_variant(plan);
+}
+
+static fmha_status cuda_unsmooth(const fmha_problem *pb, const fmha_tensor *q, float *lse,
+                                 const float *mean, void *stream)
+{
+    return fmha_cuda_unsmooth_lse(q, lse, mean, pb->kv_heads, pb->group, pb->scale, stream);
+}
+
+extern "C" const fmha_backend fmha_cuda_backend = {
+    FMHA_DEVICE_CUDA,
+    "cuda",
+    check_device,
+    cuda_level,
+    cuda_level,
+    cuda_runs_sm90a,
+    cuda_plan_variant,
+    fmha_cuda_fetch_cu_seqlens,
+    cuda_forward,
+    fmha_cuda_alloc,
+    fmha_cuda_free,
+    fmha_cuda_quantize_fp8,
+    fmha_cuda_smooth_k_scratch,
+    fmha_cuda_smooth_k,
+    cuda_unsmooth,
+};

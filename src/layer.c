@@ -1,0 +1,159 @@
+/* layer.c — the layer object and the one-shot call: a plan made once at
+ * fmha_layer_init (plan.c), then each forward validated once (validate.c),
+ * refined for its views (fmha_plan_for_call) and run on the plan's backend. */
+#include "backends.h"
+#include "layer_fp8.h"
+#include "select.h"
+#include "validate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->num_heads = num_heads;
+    cfg->num_kv_heads = num_kv_heads;
+    cfg->head_dim = head_dim;
+    cfg->head_dim_v = head_dim;
+    cfg->dtype = FMHA_DTYPE_BF16;
+    cfg->window_left = -1;
+    cfg->window_right = -1;
+    cfg->device = FMHA_DEVICE_CPU;
+    cfg->cpu_isa = FMHA_CPU_ISA_AUTO;
+}
+
+struct fmha_layer {
+    fmha_config cfg;           /* as the caller gave it */
+    fmha_plan plan;            /* made once, at init */
+    fmha_plan last;            /* the plan of the latest call (plan before the first) */
+    const fmha_backend *be;
+    fmha_workspace ws;         /* the backend's host scratch */
+    fmha_workspace fp8;        /* FP8 path: q, k, v codes and scales, in the backend's memory */
+};
+
+fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer out-pointer is NULL");
+    *layer = NULL;
+    fmha_layer *l = calloc(1, sizeof *l);
+    if (!l)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory allocating a layer");
+    fmha_status st = fmha_plan_make(cfg, &l->plan);
+    if (st != FMHA_STATUS_OK) {
+        free(l);
+        return st;
+    }
+    l->cfg = *cfg;
+    l->last = l->plan;
+    l->be = fmha_backend_of(l->plan.cfg.device);
+    *layer = l;
+    return FMHA_STATUS_OK;
+}
+
+void fmha_layer_free(fmha_layer *layer)
+{
+    if (!layer)
+        return;
+    free(layer->ws.buf);
+    fmha_fp8_scratch_free(layer->be, &layer->fp8);
+    free(layer);
+}
+
+const fmha_config *fmha_layer_config(const fmha_layer *layer)
+{
+    return layer ? &layer->cfg : NULL;
+}
+
+const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer)
+{
+    return layer ? &layer->last.kernel->info : NULL;
+}
+
+void fmha_layer_describe(const fmha_layer *layer, char *buf, size_t len)
+{
+    if (!buf || !len)
+        return;
+    if (!layer) {
+        buf[0] = '\0';
+        return;
+    }
+    fmha_plan_describe(&layer->last, buf, len);
+}
+
+fmha_layer_path fmha_layer_get_path(const fmha_layer *layer, const char **reason)
+{
+    if (reason)
+        *reason = layer ? layer->plan.reason : "";
+    return layer ? layer->plan.path : FMHA_LAYER_PATH_DIRECT;
+}
+
+const char *fmha_layer_path_name(fmha_layer_path path)
+{
+    switch (path) {
+    case FMHA_LAYER_PATH_DIRECT: return "direct";
+    case FMHA_LAYER_PATH_FP8: return "fp8";
+    case FMHA_LAYER_PATH_FP8_FALLBACK: return "fp8_fallback";
+    }
+    return "unknown";
+}
+
+/* A validated call on the layer's path. */
+static fmha_status run(fmha_layer *l, fmha_problem *pb)
+{
+    fmha_kernel_info ran;
+    if (l->plan.path == FMHA_LAYER_PATH_FP8) {
+        fmha_status st = fmha_fp8_layer_forward(&l->plan, l->be, &l->fp8, &l->ws, pb, &ran);
+        if (st == FMHA_STATUS_OK)
+            l->last.kernel = &fmha_kernels[ran.id];
+        return st;
+    }
+    pb->cfg = &l->plan.cfg;
+    fmha_plan call;
+    fmha_status st = fmha_plan_for_call(&l->plan, pb, &call);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    l->last = call;
+    return l->be->forward(&call, pb, &l->ws);
+}
+
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
+    if (!args)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "forward args are NULL");
+    /* Validation reads cu_seqlens on the host: a device backend copies them. */
+    fmha_forward_args host = *args;
+    int32_t *cq = NULL, *ck = NULL;
+    fmha_status st = FMHA_STATUS_OK;
+    if (layer->be->host_cu_seqlens && args->cu_seqlens_q &&
+        (st = layer->be->host_cu_seqlens(args, &cq, &ck)) != FMHA_STATUS_OK)
+        return st;
+    if (cq) {
+        host.cu_seqlens_q = cq;
+        host.cu_seqlens_k = ck;
+    }
+    fmha_problem pb;
+    if ((st = fmha_validate_args(&layer->cfg, &host, &pb)) == FMHA_STATUS_OK) {
+        pb.args = args;
+        st = run(layer, &pb);
+    }
+    free(cq);
+    free(ck);
+    return st;
+}
+
+fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)
+{
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    st = fmha_layer_forward(layer, args);
+    fmha_layer_free(layer);
+    return st;
+}

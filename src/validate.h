@@ -1,0 +1,31 @@
+/* validate.h — the one place where configurations, calls and quantizations
+ * are checked (validate.c). Backends run only on what passed here. */
+#ifndef FMHA_VALIDATE_H
+#define FMHA_VALIDATE_H
+
+#include "backend.h"
+
+/* Checks one tensor view's own consistency: data, dtype, dims, strides and
+ * the extent it spans; `name` labels the messages. */
+fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name);
+
+/* Checks a configuration. */
+fmha_status fmha_validate_config(const fmha_config *cfg);
+
+/* Checks a call's arguments against a configuration that passed
+ * fmha_validate_config, and fills `pb`. */
+fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *args,
+                               fmha_problem *pb);
+
+/* Both of the above, for callers that hold no plan (the reference). */
+fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,
+                                  fmha_problem *pb);
+
+/* Checks the arguments of an FP8 quantization, for every backend, and fills
+ * `g`. The values of x are not read here: the CPU quantizer refuses
+ * infinities itself. */
+fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
+                                   fmha_fp8_scaling scaling, int64_t block_rows,
+                                   fmha_fp8_groups *g);
+
+#endif /* FMHA_VALIDATE_H */

@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_md  # noqa: E402
 
 ISAS = ("scalar", "avx2", "avx512", "avx512-bf16")  # FMHA_CPU_ISA, weakest first
-HEADINGS = {"cpu": "CPU forward", "fp8-accuracy": "FP8 accuracy (CPU)"}
+# cpu-intel: the same bench on an Intel CPU (--section cpu-intel), where bf16 runs on the f32 kernel
+HEADINGS = {"cpu": "CPU forward", "cpu-intel": "bf16 inputs on an Intel CPU", "fp8-accuracy": "FP8 accuracy (CPU)"}
 # (`fmha bench` options, dtypes, ISAs: "each" = every one that runs here, None = the automatic
 #  choice; timed calls as a multiple of --iters). No options: [1, 2048, 16, 128], non-causal.
 CASES = [

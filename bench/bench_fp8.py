@@ -62,8 +62,8 @@ F8, BF16, CUDA = 3, 2, 1
 PER_TENSOR = 1  # fmha_fp8_compute
 ROWS = 128  # query rows per head checked against float64
 HEADINGS = {"fp8-gpu": "FP8 attention on the GPU (Hopper)",
-            "fp8-energy": "Energy per FLOP at the power limit (FP8, bf16, dense GEMMs)",
-            "fp8-layer": "FP8 layer path on the GPU: quantize, then FP8 attention, with fp8_smooth_k"}
+            "fp8-energy": "Energy per FLOP at the power limit",
+            "fp8-layer": "FP8 layer path on the GPU, with fp8_smooth_k"}
 PEERS = ("fmha's bf16 Hopper kernel and torch SDPA's cuDNN backend (bf16) on the same inputs in the same "
          "process; no FP8 attention is reachable from torch")
 

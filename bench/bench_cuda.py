@@ -38,6 +38,10 @@ same rounds as the peers) and prints each one's TFLOP/s and ratio to cuDNN.
 --package calls fmha through the installed Python package (pip install ./python)
 instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
 same BSHD views.
+
+--out FILE.md writes the table (and the --ab rows) into that Markdown file as
+its own section, with the run's provenance (bench/results_md.py): e.g.
+--out bench/RESULTS.md replaces that file's CUDA forward section only.
 """
 import argparse
 import contextlib
@@ -54,6 +58,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_md  # noqa: E402
 from gpu_clock import ClockSampler, energy_per_call  # noqa: E402
 
 # (name, batch, seqlen_q, seqlen_k, heads, kv heads, head dim, causal)
@@ -71,6 +76,9 @@ SHAPES = [
 ]
 QUICK = {"flux_1024", "lumina2_gqa_d96", "llama_gqa_causal", "fa3grid_d128", "fa3grid_d256"}
 PRECONDITION_S = 1.0  # seconds each backend runs (hot) or idles (cool) before its timing
+HEADINGS = {"cuda": "CUDA forward against torch SDPA (cuDNN, FlashAttention-2)"}
+PEERS = ("torch SDPA's flash (FlashAttention-2) and cuDNN backends, same process, same inputs, "
+         "timed in the same rounds; the portable fmha kernel beside the chooser's pick")
 
 BF16, CUDA = 2, 1
 
@@ -190,18 +198,37 @@ def flops(b, sq, sk, h, d, causal):
     return 4.0 * b * h * d * pairs
 
 
+def markdown(rows, ab_rows):
+    """The results table (rows as main collects them), then the --ab rows (shape, setting,
+    TFLOP/s, TFLOP/s of cuDNN, SM MHz) where there are any."""
+    header = ["shape", "fmha TFLOP/s", "fmha portable", "torch flash (FA2)", "torch cuDNN", "fmha / flash",
+              "fmha / cuDNN", "rel. L2 vs flash", "SM MHz fmha / cuDNN", "W fmha / cuDNN",
+              "host µs fmha / cuDNN", "pJ/FLOP fmha / cuDNN"]
+    cells = [[name, f"{a:.1f}", f"{pt:.1f}", f"{fl2:.1f}", f"{cu:.1f}", f"{a / fl2:.2f}", f"{a / cu:.2f}",
+              f"{err:.1e}", f"{mf:.0f} / {mc:.0f}", f"{wf:.0f} / {wc:.0f}", f"{hf:.0f} / {hc:.0f}",
+              f"{ef:.3f} / {ec:.3f}"]
+             for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc, ef, ec in rows]
+    text = results_md.table(header, cells, "l" + "r" * 11)
+    if ab_rows:
+        text += "\n\n" + results_md.table(
+            ["shape", "fmha with", "TFLOP/s", "/ cuDNN", "SM MHz"],
+            [[name, f"`{label}`", f"{t:.1f}", f"{t / cu:.2f}", f"{mhz:.0f}"] for name, label, t, cu, mhz in ab_rows],
+            "llrrr")
+    return text
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libfmha.so")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--shapes", help="comma-separated shape names (SHAPES) to run")
-    ap.add_argument("--out")
     ap.add_argument("--no-peers", action="store_true", help="time fmha only (tuning runs)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the backends, median kept")
     ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
     ap.add_argument("--ab", help="VAR=V1,V2: fmha also timed with VAR set to each value")
     ap.add_argument("--precondition", choices=("none", "hot", "cool"), default="hot",
                     help="each backend run hot or left idle for PRECONDITION_S s before its timing")
+    results_md.add_arguments(ap, HEADINGS)
     opt = ap.parse_args()
     ab_var, ab_vals = None, []
     if opt.ab:
@@ -220,7 +247,7 @@ def main():
     dev = torch.cuda.get_device_name()
     print(f"# {time.strftime('%Y-%m-%d')} {dev}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, precondition {opt.precondition}")
-    rows = []
+    rows, ab_rows = [], []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if name not in chosen:
             continue
@@ -323,20 +350,14 @@ def main():
             mhz = clk.get(label, nan2)[0]
             print(f"{'':22s} {label:28s} {tf[label]:6.1f}  x{tf[label] / tf['cudnn']:.2f} cudnn"
                   f"  MHz {mhz:.0f}", flush=True)
+            ab_rows.append((name, label, tf[label], tf["cudnn"], mhz))
         del q, k, v, out, ref
 
-    table = ["| shape | fmha TFLOP/s | fmha portable | torch flash (FA2) | torch cuDNN | fmha / flash "
-             "| fmha / cuDNN | rel. L2 vs flash | SM MHz fmha / cuDNN | W fmha / cuDNN "
-             "| host µs fmha / cuDNN | pJ/FLOP fmha / cuDNN |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc, ef, ec in rows:
-        table.append(f"| {name} | {a:.1f} | {pt:.1f} | {fl2:.1f} | {cu:.1f} | {a / fl2:.2f} "
-                     f"| {a / cu:.2f} | {err:.1e} | {mf:.0f} / {mc:.0f} | {wf:.0f} / {wc:.0f} "
-                     f"| {hf:.0f} / {hc:.0f} | {ef:.3f} / {ec:.3f} |")
-    print("\n".join(table))
-    if opt.out:
-        with open(opt.out, "w") as f:
-            f.write("\n".join(table) + "\n")
+    table = markdown(rows, ab_rows)
+    print(table)
+    results_md.write(opt, [("Machine", results_md.gpu_machine(torch)),
+                           ("Library", f"`{opt.lib}`" if not opt.package else "the installed Python package"),
+                           ("Peers", PEERS if not opt.no_peers else "none (--no-peers)")], table)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ before it heated or left cool.
 
 usage: python3 bench/bench_fp8.py [--lib build/libfmha.so] [--quick] [--no-peers]
                                   [--precondition none|hot|cool] [--anchor] [--layer]
+                                  [--out FILE.md [--section NAME]]
+
+--out FILE.md writes the run's tables into that Markdown file as one section with
+the run's provenance (bench/results_md.py): fp8-energy with --anchor, fp8-layer
+with --layer, else fp8-gpu, so that --out bench/RESULTS.md replaces only that one.
 """
 import argparse
 import ctypes as C
@@ -41,6 +46,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_md  # noqa: E402
 from bench_cuda import SHAPES as BF16_SHAPES  # noqa: E402
 from bench_cuda import (Args, Config, Tensor, env_set, flops, load_lib,  # noqa: E402  (the one ctypes mirror)
                         make_inputs, pj_per_flop, time_fn)
@@ -55,6 +61,11 @@ QUICK = {"flux_1024", "fa3grid_d128", "wan14b_480p"}
 F8, BF16, CUDA = 3, 2, 1
 PER_TENSOR = 1  # fmha_fp8_compute
 ROWS = 128  # query rows per head checked against float64
+HEADINGS = {"fp8-gpu": "FP8 attention on the GPU (Hopper)",
+            "fp8-energy": "Energy per FLOP at the power limit",
+            "fp8-layer": "FP8 layer path on the GPU, with fp8_smooth_k"}
+PEERS = ("fmha's bf16 Hopper kernel and torch SDPA's cuDNN backend (bf16) on the same inputs in the same "
+         "process; no FP8 attention is reachable from torch")
 
 
 def view(x, dtype):
@@ -104,6 +115,7 @@ def main():
     ap.add_argument("--anchor", action="store_true", help="time bf16 and e4m3 GEMMs first")
     ap.add_argument("--layer", action="store_true",
                     help="time the quantizing layer path, with and without fp8_smooth_k")
+    results_md.add_arguments(ap, HEADINGS)
     opt = ap.parse_args()
 
     def timed(fn):
@@ -114,9 +126,8 @@ def main():
 
     print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, precondition {opt.precondition}")
-    if opt.anchor:
-        gemm_anchor(timed)
-    rows = []
+    gemms = gemm_anchor(timed) if opt.anchor else []
+    rows, tuning = [], []
     for name, b, sq, sk, h, hkv, d, causal in SHAPES:
         if opt.quick and name not in QUICK:
             continue
@@ -159,14 +170,16 @@ def main():
 
         if opt.no_peers:
             fl = flops(b, sq, sk, h, d, causal)
-            line = f"{name:18s}"
+            line, cells = f"{name:18s}", [name]
             for mode in ("auto", "two_level", "single"):
                 with env_set("FMHA_FP8_ACCUM", mode):
                     ms, (mhz, _) = timed(run(layer8, a8))
                     if mode == "auto":
                         pj = pj_per_flop(run(layer8, a8), fl)
                 line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f} ({mhz:.0f} MHz)"
+                cells.append(f"{fl / (ms * 1e-3) / 1e12:.1f} ({mhz:.0f})")
             print(f"{line}  auto {pj:.3f} pJ/FLOP", flush=True)
+            tuning.append(cells + [f"{pj:.3f}"])
             lib.fmha_layer_free(layer8)
             lib.fmha_layer_free(layer16)
             continue
@@ -227,32 +240,49 @@ def main():
         lib.fmha_layer_free(layer16)
         del q, k, v, q8, k8, v8, out8, out16, deq
 
-    if opt.no_peers:
-        return
-    print("| shape | FP8 (default) | FP8 two-level | FP8 single-level | fmha bf16 | cuDNN bf16 | FP8 / bf16 "
-          "| FP8 / cuDNN "
-          "| rel. L2 kernel (two-level / single) | single vs two-level | rel. L2 total | bf16 rel. L2 "
-          "| MHz / W: FP8, bf16, cuDNN | pJ/FLOP: FP8, bf16, cuDNN |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|")
-    for name, tf, err, err16, acc, clk, pj in rows:
-        print(f"| {name} | {tf['auto']:.1f} | {tf['two_level']:.1f} | {tf['single']:.1f} | {tf['bf16']:.1f} "
-              f"| {tf['cudnn']:.1f} | {tf['auto'] / tf['bf16']:.2f} | {tf['auto'] / tf['cudnn']:.2f} "
-              f"| {err['two_level'][0]:.2e} / {err['single'][0]:.2e} | {acc:.1e} | {err['two_level'][1]:.2e} "
-              f"| {err16:.2e} | " + ", ".join(f"{clk[kk][0]:.0f} / {clk[kk][1]:.0f}" for kk in clk) +
-              " | " + ", ".join(f"{pj[kk]:.3f}" for kk in clk) + " |")
+    tables = markdown(gemms, rows, tuning, opt.layer)
+    print(tables)
+    name = results_md.section(opt, "fp8-energy" if opt.anchor else "fp8-layer" if opt.layer else None)
+    results_md.write(opt, [("Machine", results_md.gpu_machine(torch)), ("Library", f"`{opt.lib}`"),
+                           ("Peers", PEERS if not opt.no_peers else "none (--no-peers)")], tables, name=name)
 
-    if opt.layer:
-        print("\n| shape | FP8 kernel (inputs quantized before) | layer: quantize + FP8 | + fp8_smooth_k "
-              "| smoothing's cost | rel. L2 layer / smoothed |")
-        print("|---|---:|---:|---:|---:|---|")
-        for name, tf, err, _, _, _, _ in rows:
-            print(f"| {name} | {tf['auto']:.1f} | {tf['layer0']:.1f} | {tf['layer1']:.1f} "
-                  f"| {tf['layer0'] / tf['layer1'] - 1:+.1%} | {err['layer0']:.2e} / {err['layer1']:.2e} |")
+
+def markdown(gemms, rows, tuning, layer):
+    """The run's tables: the dense GEMMs (--anchor), then the shapes with peers, or the FP8 kernel
+    alone (--no-peers), then the layer path (--layer). rows and tuning as main collects them."""
+    out = []
+    if gemms:
+        out.append(results_md.table(["GEMM, 8192³, bf16 out", "TFLOP/s", "SM MHz", "W", "pJ/FLOP"],
+                                    [[label, f"{tf:.1f}", f"{mhz:.0f}", f"{w:.0f}", f"{pj:.3f}"]
+                                     for label, tf, mhz, w, pj in gemms], "lrrrr"))
+    if tuning:
+        out.append(results_md.table(["shape", "FP8 default (SM MHz)", "FP8 two-level (SM MHz)",
+                                     "FP8 single-level (SM MHz)", "pJ/FLOP, default"], tuning, "lrrrr"))
+    if rows:
+        header = ["shape", "FP8 (default)", "FP8 two-level", "FP8 single-level", "fmha bf16", "cuDNN bf16",
+                  "FP8 / bf16", "FP8 / cuDNN", "rel. L2 kernel (two-level / single)", "single vs two-level",
+                  "rel. L2 total", "bf16 rel. L2", "MHz / W: FP8, bf16, cuDNN", "pJ/FLOP: FP8, bf16, cuDNN"]
+        cells = [[name, f"{tf['auto']:.1f}", f"{tf['two_level']:.1f}", f"{tf['single']:.1f}", f"{tf['bf16']:.1f}",
+                  f"{tf['cudnn']:.1f}", f"{tf['auto'] / tf['bf16']:.2f}", f"{tf['auto'] / tf['cudnn']:.2f}",
+                  f"{err['two_level'][0]:.2e} / {err['single'][0]:.2e}", f"{acc:.1e}", f"{err['two_level'][1]:.2e}",
+                  f"{err16:.2e}", ", ".join(f"{clk[kk][0]:.0f} / {clk[kk][1]:.0f}" for kk in clk),
+                  ", ".join(f"{pj[kk]:.3f}" for kk in clk)]
+                 for name, tf, err, err16, acc, clk, pj in rows]
+        out.append(results_md.table(header, cells, "lrrrrrrrlrrrll"))
+    if rows and layer:
+        out.append(results_md.table(
+            ["shape", "FP8 kernel (inputs quantized before)", "layer: quantize + FP8", "+ fp8_smooth_k",
+             "smoothing's cost", "rel. L2 layer / smoothed"],
+            [[name, f"{tf['auto']:.1f}", f"{tf['layer0']:.1f}", f"{tf['layer1']:.1f}",
+              f"{tf['layer0'] / tf['layer1'] - 1:+.1%}", f"{err['layer0']:.2e} / {err['layer1']:.2e}"]
+             for name, tf, err, _, _, _, _ in rows], "lrrrrl"))
+    return "\n\n".join(out)
 
 
 def gemm_anchor(timed, n=8192):
     """Dense n^3 GEMMs, bf16 (torch.matmul) and e4m3 with per-tensor scales
-    (torch._scaled_mm), bf16 out: TFLOP/s, clock, power and energy per FLOP."""
+    (torch._scaled_mm), bf16 out: TFLOP/s, clock, power and energy per FLOP,
+    printed and returned as (label, TFLOP/s, MHz, W, pJ/FLOP) rows."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # B column-major, as _scaled_mm wants
@@ -260,10 +290,15 @@ def gemm_anchor(timed, n=8192):
     fns = {"gemm bf16": lambda: torch.matmul(a, b),
            "gemm e4m3": lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
     fl = 2.0 * n ** 3
+    rows = []
     for label, fn in fns.items():
         ms, (mhz, w) = timed(fn)
-        print(f"{label} {n}^3: {fl / (ms * 1e-3) / 1e12:7.1f} TFLOP/s  {mhz:.0f} MHz  {w:.0f} W  "
-              f"{pj_per_flop(fn, fl):.3f} pJ/FLOP", flush=True)
+        rows.append((label.replace("gemm ", "") + (" (`torch.matmul`)" if "bf16" in label else
+                                                   ", per-tensor scales (`torch._scaled_mm`)"),
+                     fl / (ms * 1e-3) / 1e12, mhz, w, pj_per_flop(fn, fl)))
+        print(f"{label} {n}^3: {rows[-1][1]:7.1f} TFLOP/s  {mhz:.0f} MHz  {w:.0f} W  "
+              f"{rows[-1][4]:.3f} pJ/FLOP", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ quantization (abs().amax(), divide, cast to float8_e4m3fn) runs on the same tens
 rival, and its codes and scale must equal fmha's bit for bit.
 
 usage: python3 bench/bench_quant.py [--lib build/libfmha.so] [--shape 1,90000,40,128] [--iters 20]
+                                    [--out FILE.md]
+
+--out FILE.md writes the table into that Markdown file as its own section with the run's
+provenance (bench/results_md.py), e.g. --out bench/RESULTS.md.
 """
 import argparse
 import ctypes as C
@@ -18,11 +22,13 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_md  # noqa: E402
 from bench_cuda import Tensor  # noqa: E402  (the ctypes fmha_tensor)
 
 BF16, F8_E4M3 = 2, 3
 PER_TENSOR, PER_BLOCK = 0, 2
 BLOCK_ROWS = 128  # FMHA_FP8_BLOCK_ROWS
+HEADINGS = {"quant": "FP8 quantizer on the GPU (`fmha_quantize_fp8_cuda`)"}
 
 
 def cudart():
@@ -59,6 +65,7 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="accepted for gpu_run.sh variants; no effect")
     ap.add_argument("--shape", default="1,90000,40,128")
     ap.add_argument("--iters", type=int, default=20)
+    results_md.add_arguments(ap, HEADINGS)
     opt = ap.parse_args()
     b, s, h, d = (int(v) for v in opt.shape.split(","))
 
@@ -132,8 +139,28 @@ def main():
     same_scale = s_torch.view(torch.int32).item() == scale_pt.view(torch.int32).item()
     print(f"torch per tensor:    {t_torch * 1e3:7.1f} us  ({t_torch / t_pt:.1f}x fmha's time); "
           f"scale {'equal' if same_scale else 'DIFFERENT'}, {diff} codes differ from fmha's")
+    results_md.write(opt, [("Machine", results_md.gpu_machine(torch)), ("Library", f"`{opt.lib}`"),
+                           ("Peers", "a device-to-device `cudaMemcpyAsync` of as many bytes (the ceiling) and "
+                                     "torch's per-tensor quantization, same process, same tensor")],
+                     markdown((b, s, h, d), x_bytes, y_bytes, t_copy, bw, floor_ms, floor2_ms, t_pt, t_pb,
+                              t_torch, same_scale, diff))
     if diff or not same_scale:
         sys.exit(1)
+
+
+def markdown(shape, x_bytes, y_bytes, t_copy, bw, floor_ms, floor2_ms, t_pt, t_pb, t_torch, same_scale, diff):
+    """The input and ceiling line, then the table (times in ms, bandwidth in bytes/s, as main has them)."""
+    us = 1e3
+    return (f"Input: x {list(shape)} bf16 ({x_bytes / 1e6:.1f} MB), y e4m3 ({y_bytes / 1e6:.1f} MB). Copy "
+            f"ceiling {t_copy * us:.1f} µs ({bw / 1e12:.2f} TB/s read + written); floor = (x + y) / that = "
+            f"{floor_ms * us:.1f} µs, two-read floor (x twice + y) {floor2_ms * us:.1f} µs.\n\n" +
+            results_md.table(
+                ["scaling", "time", "/ floor (x read once)", "/ two-read floor", "peer"],
+                [["per tensor (one launch, grid-wide amax)", f"{t_pt * us:.1f} µs", f"{t_pt / floor_ms:.2f}",
+                  f"{t_pt / floor2_ms:.2f}", f"torch per tensor {t_torch * us:.1f} µs, "
+                  f"{'same' if same_scale else 'DIFFERENT'} scale, {diff} codes differ"],
+                 [f"per block of {BLOCK_ROWS} tokens (single pass)", f"{t_pb * us:.1f} µs", f"{t_pb / floor_ms:.2f}",
+                  "—", ""]], "lrrrl"))
 
 
 if __name__ == "__main__":

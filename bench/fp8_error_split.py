@@ -11,12 +11,19 @@ softmax ignores). Outliers come in two kinds there: channels scaled (as
 above, zero-mean) and channels offset (a per-channel bias of +20 .. +100, the
 form in which large K channels usually appear in trained models).
 
-usage: python3 bench/fp8_error_split.py [--seqlen S] [--heads H] [--head-dim D]
+usage: python3 bench/fp8_error_split.py [--seqlen S] [--heads H] [--head-dim D] [--out FILE.md]
+
+--out writes both tables into that Markdown file as their own section (bench/results_md.py).
 """
 import argparse
+import os
+import sys
 
 import ml_dtypes
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_md  # noqa: E402
 
 GAINS = [20, 40, 70, 100]  # channel (j * 37 + 5) % D gets GAINS[j], as in tools/fp8_cli.c
 
@@ -48,9 +55,11 @@ def hadamard(n):
 
 
 def remedies(rng, shape):
-    """FP8 q, k, v with each transform, on scaled and on offset K channels."""
+    """FP8 q, k, v with each transform, on scaled and on offset K channels: printed, and returned
+    as a Markdown table."""
     rot = hadamard(shape[-1])
     cols = ["none", "Hadamard q, k", "K smoothed", "both"]
+    rows = []
     print()
     print("FP8 q, k, v with a transform before quantizing (relative L2 as above)")
     print("%-18s" % "K channels" + "".join("%15s" % c for c in cols))
@@ -72,6 +81,8 @@ def remedies(rng, shape):
                 qq, kk = qq @ rot, kk @ rot
             errs.append(rel_l2(attention(quantize(qq), quantize(kk), quantize(v)), ref))
         print("%-18s" % kind + "".join("%15.3e" % e for e in errs))
+        rows.append([kind] + ["%.3e" % e for e in errs])
+    return results_md.table(["K channels"] + cols, rows, "l" + "r" * len(cols))
 
 
 def main():
@@ -79,6 +90,7 @@ def main():
     ap.add_argument("--seqlen", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=128)
+    results_md.add_arguments(ap, {"fp8-error-split": "FP8 error split by tensor (float64 numpy)"})
     opt = ap.parse_args()
     rng = np.random.default_rng(0)
     shape = (opt.seqlen, opt.heads, opt.head_dim)
@@ -86,6 +98,7 @@ def main():
     print("relative L2 error against float64 attention on the unquantized inputs, "
           "[%d, %d, %d]" % shape)
     print("%-12s" % "inputs" + "".join("%12s" % ("FP8 " + w) for w in which))
+    rows = []
     for kind in ("gaussian", "K outliers"):
         q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
         if kind != "gaussian":
@@ -98,7 +111,18 @@ def main():
                     for name, x in zip("qkv", (q, k, v))]
             errs.append(rel_l2(attention(*args), ref))
         print("%-12s" % kind + "".join("%12.3e" % e for e in errs))
-    remedies(rng, shape)
+        rows.append([kind] + ["%.3e" % e for e in errs])
+    split = results_md.table(["inputs"] + ["FP8 " + w for w in which], rows, "l" + "r" * len(which))
+    transforms = remedies(rng, shape)
+    results_md.write(opt, [
+        ("Machine", results_md.cpu_machine()),
+        ("Software", f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; no libfmha"),
+        ("Method", "float64 attention of [%d, %d, %d] N(0, 1) inputs with only the named tensors quantized "
+                   "to E4M3 (one scale per tensor, amax / 448); K outliers as `fmha accuracy`'s; relative L2 "
+                   "against float64 attention on the unquantized inputs; deterministic (seed 0)" % shape),
+        ("Peers", "float64 attention on the unquantized inputs")],
+        "Relative L2 error, one tensor at a time:\n\n" + split +
+        "\n\nFP8 q, k, v with a transform (exact in float64) before quantizing:\n\n" + transforms)
 
 
 if __name__ == "__main__":

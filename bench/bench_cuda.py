@@ -12,7 +12,8 @@ board's energy counter over ~2 s of back-to-back calls, gpu_clock.py), which
 sets their ratio once the board sits at its power limit.
 
 usage: python3 bench/bench_cuda.py [--lib build/libfmha.so | --package] [--quick | --shapes A,B]
-                                  [--repeats N] [--ab VAR=V1,V2,...] [--out FILE.md]
+                                  [--repeats N] [--ab VAR=V1,V2,...] [--ab-lib OTHER.so]
+                                  [--out FILE.md]
                                   [--precondition none|hot|cool]
 
 --quick runs five shapes (QUICK below); --shapes names the ones to run.
@@ -34,6 +35,13 @@ that way, at 1800 against 1965 MHz, and 1.03x both hot and cool).
 --ab VAR=V1,V2 also times fmha with the environment variable VAR set to each
 value in turn (an A/B of a run-time switch such as FMHA_CUDA_SCHEDULE, in the
 same rounds as the peers) and prints each one's TFLOP/s and ratio to cuDNN.
+Each value gets a layer of its own, made with VAR set: a layer reads the
+environment once, at fmha_layer_init.
+
+--ab-lib OTHER.so also times a second build of libfmha, loaded into the same
+process beside --lib (an old and a new library on the same inputs, in the same
+rounds), and prints its TFLOP/s, its ratio to cuDNN and the new library's ratio
+to it.
 
 --package calls fmha through the installed Python package (pip install ./python)
 instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
@@ -199,8 +207,8 @@ def flops(b, sq, sk, h, d, causal):
 
 
 def markdown(rows, ab_rows):
-    """The results table (rows as main collects them), then the --ab rows (shape, setting,
-    TFLOP/s, TFLOP/s of cuDNN, SM MHz) where there are any."""
+    """The results table (rows as main collects them), then the --ab / --ab-lib rows (shape,
+    setting, its TFLOP/s, cuDNN's, fmha's, SM MHz) where there are any."""
     header = ["shape", "fmha TFLOP/s", "fmha portable", "torch flash (FA2)", "torch cuDNN", "fmha / flash",
               "fmha / cuDNN", "rel. L2 vs flash", "SM MHz fmha / cuDNN", "W fmha / cuDNN",
               "host µs fmha / cuDNN", "pJ/FLOP fmha / cuDNN"]
@@ -211,9 +219,10 @@ def markdown(rows, ab_rows):
     text = results_md.table(header, cells, "l" + "r" * 11)
     if ab_rows:
         text += "\n\n" + results_md.table(
-            ["shape", "fmha with", "TFLOP/s", "/ cuDNN", "SM MHz"],
-            [[name, f"`{label}`", f"{t:.1f}", f"{t / cu:.2f}", f"{mhz:.0f}"] for name, label, t, cu, mhz in ab_rows],
-            "llrrr")
+            ["shape", "fmha with", "TFLOP/s", "/ cuDNN", "fmha / it", "SM MHz"],
+            [[name, f"`{label}`", f"{t:.1f}", f"{t / cu:.2f}", f"{a / t:.3f}", f"{mhz:.0f}"]
+             for name, label, t, cu, a, mhz in ab_rows],
+            "llrrrr")
     return text
 
 
@@ -226,6 +235,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=1, help="rounds over the backends, median kept")
     ap.add_argument("--package", action="store_true", help="call fmha through the Python package")
     ap.add_argument("--ab", help="VAR=V1,V2: fmha also timed with VAR set to each value")
+    ap.add_argument("--ab-lib", help="a second libfmha timed beside --lib in the same rounds")
     ap.add_argument("--precondition", choices=("none", "hot", "cool"), default="hot",
                     help="each backend run hot or left idle for PRECONDITION_S s before its timing")
     results_md.add_arguments(ap, HEADINGS)
@@ -243,6 +253,8 @@ def main():
                  f"the shapes are {', '.join(names)}")
 
     lib = load_lib(opt.lib)
+    other = load_lib(opt.ab_lib) if opt.ab_lib else None
+    ab_label = f"lib={os.path.basename(os.path.dirname(os.path.abspath(opt.ab_lib)))}" if opt.ab_lib else None
 
     dev = torch.cuda.get_device_name()
     print(f"# {time.strftime('%Y-%m-%d')} {dev}, torch {torch.__version__}, "
@@ -254,34 +266,33 @@ def main():
         q, k, v = make_inputs(b, sq, sk, h, hkv, d)
         out = torch.empty_like(q)
 
-        cfg = Config()
-        lib.fmha_config_init(C.byref(cfg), h, hkv, d)
-        cfg.dtype, cfg.causal, cfg.device = BF16, int(causal), CUDA
-        layer = C.c_void_p()
-        if lib.fmha_layer_init(C.byref(layer), C.byref(cfg)) != 0:
-            sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
-        args = Args()
-        args.q, args.k, args.v, args.out = view(q), view(k), view(v), view(out)
-        args.stream = torch.cuda.current_stream().cuda_stream
+        layers = []
+
+        def fmha_runner(the_lib, var=None, val=None, o=None):
+            """A layer of the_lib for this shape, made with var=val in the environment,
+            writing o (out when None); freed after the shape."""
+            cfg = Config()
+            the_lib.fmha_config_init(C.byref(cfg), h, hkv, d)
+            cfg.dtype, cfg.causal, cfg.device = BF16, int(causal), CUDA
+            layer = C.c_void_p()
+            with env_set(var, val):
+                if the_lib.fmha_layer_init(C.byref(layer), C.byref(cfg)) != 0:
+                    sys.exit(f"{name}: {the_lib.fmha_last_error().decode()}")
+            layers.append((the_lib, layer))
+            args = Args()
+            args.q, args.k, args.v = view(q), view(k), view(v)
+            args.out = view(out if o is None else o)
+            args.stream = torch.cuda.current_stream().cuda_stream
+
+            def run():
+                st = the_lib.fmha_layer_forward(layer, C.byref(args))
+                if st != 0:
+                    raise RuntimeError(the_lib.fmha_last_error().decode())
+            return run
+
+        run_fmha = fmha_runner(lib)
         # The portable kernel beside the chooser's pick (the Hopper kernel on an H200).
-        portable = C.c_void_p()
-        with env_set("FMHA_CUDA_KERNEL", "portable"):
-            if lib.fmha_layer_init(C.byref(portable), C.byref(cfg)) != 0:
-                sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
-        out_p = torch.empty_like(q)
-        args_p = Args()
-        args_p.q, args_p.k, args_p.v, args_p.out = view(q), view(k), view(v), view(out_p)
-        args_p.stream = args.stream
-
-        def run_portable():
-            st = lib.fmha_layer_forward(portable, C.byref(args_p))
-            if st != 0:
-                raise RuntimeError(lib.fmha_last_error().decode())
-
-        def run_fmha():
-            st = lib.fmha_layer_forward(layer, C.byref(args))
-            if st != 0:
-                raise RuntimeError(lib.fmha_last_error().decode())
+        run_portable = fmha_runner(lib, "FMHA_CUDA_KERNEL", "portable", torch.empty_like(q))
 
         if opt.package:
             import fmha as fmha_py
@@ -304,33 +315,34 @@ def main():
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         fl = flops(b, sq, sk, h, d, causal)
         times, clocks = {}, {}
-        impls = [("fmha", run_fmha, None), ("portable", run_portable, None)]
-        impls += [(f"{ab_var}={val}", run_fmha, val) for val in ab_vals]
+        impls = [("fmha", run_fmha), ("portable", run_portable)]
+        impls += [(f"{ab_var}={val}", fmha_runner(lib, ab_var, val, torch.empty_like(q))) for val in ab_vals]
+        if other:
+            impls.append((ab_label, fmha_runner(other, o=torch.empty_like(q))))
         if not opt.no_peers:
-            impls += [("flash", sdpa(SDPBackend.FLASH_ATTENTION), None),
-                      ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), None)]
+            impls += [("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+                      ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
         for _ in range(max(1, opt.repeats)):
-            for label, fn, env in impls:
+            for label, fn in impls:
                 if label in times and math.isnan(times[label][0]):
                     continue  # refused this shape before
                 try:
-                    with env_set(ab_var, env):
-                        ms, clock = time_fn(fn, opt.precondition)
+                    ms, clock = time_fn(fn, opt.precondition)
                     times.setdefault(label, []).append(ms)
                     clocks.setdefault(label, []).append(clock)
                 except Exception as e:  # a backend that refuses a shape
                     times[label] = [math.nan]
                     print(f"{name}: {label}: {str(e).splitlines()[0]}")
         # Host cost and energy of fmha and cuDNN where they ran (missing ones print as nan).
-        ran = [(label, fn) for label, fn, _ in impls
+        ran = [(label, fn) for label, fn in impls
                if label in ("fmha", "cudnn") and not math.isnan(times[label][0])]
         host = {label: host_us(fn) for label, fn in ran}
         pj = {label: pj_per_flop(fn, fl) for label, fn in ran}
         t = {label: statistics.median(v) for label, v in times.items()}
         clk = {label: (statistics.median(c[0] for c in v), statistics.median(c[1] for c in v))
                for label, v in clocks.items()}
-        lib.fmha_layer_free(layer)
-        lib.fmha_layer_free(portable)
+        for the_lib, layer in layers:
+            the_lib.fmha_layer_free(layer)
         t.setdefault("flash", math.nan)
         t.setdefault("cudnn", math.nan)
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
@@ -345,12 +357,11 @@ def main():
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
               f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}"
               f"  host us {hf:.0f}/{hc:.0f}  pJ/FLOP {ef:.3f}/{ec:.3f}", flush=True)
-        for val in ab_vals:
-            label = f"{ab_var}={val}"
+        for label in [f"{ab_var}={val}" for val in ab_vals] + ([ab_label] if other else []):
             mhz = clk.get(label, nan2)[0]
             print(f"{'':22s} {label:28s} {tf[label]:6.1f}  x{tf[label] / tf['cudnn']:.2f} cudnn"
-                  f"  MHz {mhz:.0f}", flush=True)
-            ab_rows.append((name, label, tf[label], tf["cudnn"], mhz))
+                  f"  fmha x{tf['fmha'] / tf[label]:.3f} it  MHz {mhz:.0f}", flush=True)
+            ab_rows.append((name, label, tf[label], tf["cudnn"], tf["fmha"], mhz))
         del q, k, v, out, ref
 
     table = markdown(rows, ab_rows)

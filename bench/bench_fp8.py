@@ -137,7 +137,7 @@ def main():
         out16 = torch.empty_like(q)
         stream = torch.cuda.current_stream().cuda_stream
 
-        def make(dtype, xs, out, descales, smooth=None):
+        def make(dtype, xs, out, descales, smooth=None, accum=None):
             cfg = Config()
             lib.fmha_config_init(C.byref(cfg), h, hkv, d)
             cfg.dtype, cfg.causal, cfg.device = dtype, int(causal), CUDA
@@ -149,13 +149,16 @@ def main():
             a.stream = stream
             if descales:
                 a.descale_q, a.descale_k, a.descale_v = (s.data_ptr() for s in descales)
-            # one layer per configuration, kept (as bench_cuda.py does): the timed call is the forward
+            # one layer per configuration, kept (as bench_cuda.py does): the timed call is the
+            # forward; FMHA_FP8_ACCUM=accum while it is made (a layer reads it at init)
             layer = C.c_void_p()
-            if lib.fmha_layer_init(C.byref(layer), C.byref(cfg)) != 0:
-                sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
+            with env_set("FMHA_FP8_ACCUM", accum):
+                if lib.fmha_layer_init(C.byref(layer), C.byref(cfg)) != 0:
+                    sys.exit(f"{name}: {lib.fmha_last_error().decode()}")
             return layer, a
 
-        layer8, a8 = make(F8, (q8[0], k8[0], v8[0]), out8, (q8[1], k8[1], v8[1]))
+        l8 = {mode: make(F8, (q8[0], k8[0], v8[0]), out8, (q8[1], k8[1], v8[1]), accum=mode)
+              for mode in ("auto", "two_level", "single")}
         layer16, a16 = make(BF16, (q, k, v), out16, None)
 
         def run(layer, a):
@@ -172,15 +175,15 @@ def main():
             fl = flops(b, sq, sk, h, d, causal)
             line, cells = f"{name:18s}", [name]
             for mode in ("auto", "two_level", "single"):
-                with env_set("FMHA_FP8_ACCUM", mode):
-                    ms, (mhz, _) = timed(run(layer8, a8))
-                    if mode == "auto":
-                        pj = pj_per_flop(run(layer8, a8), fl)
+                ms, (mhz, _) = timed(run(*l8[mode]))
+                if mode == "auto":
+                    pj = pj_per_flop(run(*l8[mode]), fl)
                 line += f"  fp8 {mode} {fl / (ms * 1e-3) / 1e12:6.1f} ({mhz:.0f} MHz)"
                 cells.append(f"{fl / (ms * 1e-3) / 1e12:.1f} ({mhz:.0f})")
             print(f"{line}  auto {pj:.3f} pJ/FLOP", flush=True)
             tuning.append(cells + [f"{pj:.3f}"])
-            lib.fmha_layer_free(layer8)
+            for layer8, _ in l8.values():
+                lib.fmha_layer_free(layer8)
             lib.fmha_layer_free(layer16)
             continue
         scale = 1.0 / math.sqrt(d)
@@ -191,17 +194,15 @@ def main():
         t = {}
         outs = {}
         for mode in ("two_level", "single"):
-            with env_set("FMHA_FP8_ACCUM", mode):
-                run(layer8, a8)()
-                torch.cuda.synchronize()
-                outs[mode] = out8[:, :, :ROWS].float().clone()
-                err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
-                t[mode], _ = timed(run(layer8, a8))
+            run(*l8[mode])()
+            torch.cuda.synchronize()
+            outs[mode] = out8[:, :, :ROWS].float().clone()
+            err[mode] = (rel_l2(out8[:, :, :ROWS], ref_deq), rel_l2(out8[:, :, :ROWS], ref_bf16))
+            t[mode], _ = timed(run(*l8[mode]))
         fl = flops(b, sq, sk, h, d, causal)
         pj, clk = {}, {}  # the default FP8 mode, fmha bf16 and cuDNN: energy per FLOP, (MHz, W)
-        with env_set("FMHA_FP8_ACCUM", "auto"):
-            t["auto"], clk["auto"] = timed(run(layer8, a8))
-            pj["auto"] = pj_per_flop(run(layer8, a8), fl)
+        t["auto"], clk["auto"] = timed(run(*l8["auto"]))
+        pj["auto"] = pj_per_flop(run(*l8["auto"]), fl)
         # what the accumulation mode alone changes (the same e4m3 P in both)
         acc = rel_l2(outs["single"], outs["two_level"].double())
         if opt.layer:
@@ -236,7 +237,8 @@ def main():
               (f"  layer {tf['layer0']:6.1f} (relL2 {err['layer0']:.2e}), smoothed {tf['layer1']:6.1f} "
                f"(relL2 {err['layer1']:.2e})" if opt.layer else ""),
               flush=True)
-        lib.fmha_layer_free(layer8)
+        for layer8, _ in l8.values():
+            lib.fmha_layer_free(layer8)
         lib.fmha_layer_free(layer16)
         del q, k, v, q8, k8, v8, out8, out16, deq
 

@@ -2,7 +2,10 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant] [quant-ncu]
+# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant] [quant-ncu]
+# ab: AB_BASE=DIR, a source tree of another commit (git archive COMMIT CMakeLists.txt src include
+# tools tests | tar -x -C DIR), is built into build-base and timed beside this tree's library in one
+# process (bench_cuda.py --ab-lib); AB_BASE is built in the background while the other steps run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -18,6 +21,11 @@ if [ "$*" != variants ]; then # tuning runs build only their variants
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release ${CMAKE_EXTRA:-} > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
     cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
     grep -E "spill|stack" "$OUT/build.log" | sort | uniq -c | head
+fi
+if [ -n "${AB_BASE:-}" ]; then
+    ( cmake -S "$AB_BASE" -B build-base -DCMAKE_BUILD_TYPE=Release > "$OUT/base.cmake.log" 2>&1 &&
+      cmake --build build-base -j 16 --target fmha > "$OUT/base.build.log" 2>&1; echo $? > "$OUT/base.rc" ) &
+    base_pid=$!
 fi
 summary=()
 IFS=';' read -r -a VARIANTS <<< "${VARIANT_FLAGS:-}"
@@ -112,6 +120,11 @@ for step in "$@"; do
                     grep -E "hopper_fwd|combine_kernel|gpu__time|sm__cycles|lts__" | sed -E 's/\(hopper_params\).*|_ZN.*hopper_fwd/hopper_fwd/'
             done
         done 2>&1 | tee "$OUT/sched-ncu.log" ;;
+    ab) # this tree's library against AB_BASE's, same process and rounds: the full table, REPEATS rounds (default 3)
+        wait "$base_pid"; [ "$(cat "$OUT/base.rc")" = 0 ] || { tail -20 "$OUT/base.build.log"; break; }
+        python3 bench/bench_cuda.py --lib build-gpu/libfmha.so --ab-lib build-base/libfmha.so ${SHAPES:+--shapes "$SHAPES"} \
+            --repeats "${REPEATS:-3}" --out "$OUT/ab_table.md" > "$OUT/ab.log" 2>&1
+        summary+=("ab rc=$?"); grep -v "^|" "$OUT/ab.log" ;;
     bench|bench-quick) # REPEATS=3: each backend timed three times in turn, medians kept; AB=VAR=V1,V2: fmha also under each value; SHAPES=a,b: those shapes only
         q=""; [ "$step" = bench-quick ] && q=--quick
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so $q ${SHAPES:+--shapes "$SHAPES"} --repeats "${REPEATS:-1}" ${AB:+--ab "$AB"} \

@@ -80,6 +80,21 @@ head -c 100 "$T/flux.safetensors" > "$T/truncated.safetensors"
 expect 1 "cannot read" -- "$FMHA" run "$T/truncated.safetensors" -o "$T/x.safetensors"
 [ ! -e "$T/x.safetensors" ] && ok || bad "an output file appeared after a failed run"
 expect 2 "needs -o" -- "$FMHA" run "$T/flux.safetensors"
+
+# ---- an output that would destroy something is refused before the run
+cp "$T/flux.safetensors" "$T/keep.safetensors"
+expect 2 "is the same file as input.*give another output path" -- "$FMHA" run "$T/keep.safetensors" -o "$T/keep.safetensors"
+ln -s "$T/keep.safetensors" "$T/keep_link.safetensors"
+ln "$T/keep.safetensors" "$T/keep_hard.safetensors"
+expect 2 "same file as input" -- "$FMHA" run "$T/keep.safetensors" -o "$T/keep_link.safetensors"
+expect 2 "same file as input" -- "$FMHA" run "$T/keep_link.safetensors" -o "$T/keep_hard.safetensors"
+cmp -s "$T/flux.safetensors" "$T/keep.safetensors" && ok || bad "run FILE -o FILE changed its input"
+# (a FIFO stands for /dev/null, which a broken build run as root would replace)
+mkfifo "$T/fifo"
+expect 2 "fifo exists and is a FIFO, not a regular file" -- "$FMHA" run --model flux-1024 --seqlen 32 -o "$T/fifo"
+[ -p "$T/fifo" ] && ok || bad "the FIFO was replaced by a file"
+mkdir "$T/outdir"
+expect 2 "is a directory, not a regular file" -- "$FMHA" run --model flux-1024 --seqlen 32 -o "$T/outdir"
 if "$FMHA" info | grep -q "^gpu 0"; then
     expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 300 --device cuda
 else

@@ -766,6 +766,14 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "fmha: run %s needs -o OUT.safetensors (or --check)\n", o.input);
         return EXIT_USAGE;
     }
+    if (o.output) { /* before any work: the run would end by destroying its input */
+        const char *inputs[] = {o.input, NULL};
+        char err[512];
+        if (st_check_output(o.output, inputs, err, sizeof err) != ST_OK) {
+            fprintf(stderr, "fmha: -o: %s\n", err);
+            return EXIT_USAGE;
+        }
+    }
     return o.input ? run_file(&o) : run_model(&o);
 }
 

@@ -93,6 +93,60 @@ static void test_dropout_statistics(tu_rng *r)
     tu_tensor_free(&o3);
 }
 
+/* Large but finite scores: the row maximum of scale * q k must give its own
+ * key exactly 2^0 (a product rounded one way for the maximum and fused into
+ * the subtraction the other way once left 2^(positive remainder), which
+ * overflowed, and zeroed 68 of 128 rows at softmax_scale 1e10). Unit inputs
+ * at scales 1e6..1e30, and f32 inputs of size 3e4 with k = q (each query's
+ * score with its own key is the largest, ~6e10). */
+static void test_large_scores(tu_rng *r, fmha_cpu_isa isa)
+{
+    const int64_t s = 128, d = 64;
+    for (int variant = 0; variant < 5; variant++) {
+        fmha_config cfg;
+        fmha_config_init(&cfg, 1, 1, d);
+        cfg.dtype = FMHA_DTYPE_F32;
+        cfg.cpu_isa = isa;
+        const double scales[] = {1e6, 1e10, 1e20, 1e30};
+        const int big = variant == 4;
+        cfg.softmax_scale = big ? 0.0 : scales[variant];
+        tu_tensor q, k, v, o, ref;
+        tu_tensor_init(&q, cfg.dtype, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&k, cfg.dtype, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&v, cfg.dtype, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&o, cfg.dtype, 1, s, 1, d, 0, 0xFF);
+        tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, s, 1, d, 0, 0);
+        tu_fill_normal(&q, r, big ? 3e4 : 1);
+        tu_fill_normal(&k, r, 1);
+        tu_fill_normal(&v, r, 1);
+        if (big)
+            memcpy(k.alloc, q.alloc, q.alloc_bytes);
+        fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t};
+        TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "large scores: %s", fmha_last_error());
+        a.out = ref.t;
+        TU_CHECK(fmha_reference_forward(&cfg, &a) == FMHA_STATUS_OK, "reference: %s",
+                 fmha_last_error());
+        int64_t zero_rows = 0;
+        for (int64_t i = 0; i < s; i++) {
+            double n2 = 0;
+            for (int64_t c = 0; c < d; c++)
+                n2 += tu_get(&o, 0, i, 0, c) * tu_get(&o, 0, i, 0, c);
+            zero_rows += n2 == 0;
+        }
+        const double err = tu_rel_l2(&o, &ref);
+        TU_CHECK(err < 1e-5 && zero_rows == 0,
+                 "isa %s, %s %g: relative L2 %.3g against the reference, %lld of %lld rows zero",
+                 fmha_cpu_isa_name(isa), big ? "inputs 3e4, k = q, scale" : "unit inputs, scale",
+                 big ? 1 / sqrt((double)d) : cfg.softmax_scale, err, (long long)zero_rows,
+                 (long long)s);
+        tu_tensor_free(&q);
+        tu_tensor_free(&k);
+        tu_tensor_free(&v);
+        tu_tensor_free(&o);
+        tu_tensor_free(&ref);
+    }
+}
+
 int main(int argc, char **argv)
 {
     /* FMHA_TEST_CASES trims the run for slow builds (sanitizers). */
@@ -124,6 +178,8 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nisa; i++)
         test_thread_independence(&rng, isas[i]);
+    for (int i = 0; i < nisa; i++)
+        test_large_scores(&rng, isas[i]);
     test_dropout_statistics(&rng);
     return tu_summary();
 }

@@ -103,6 +103,26 @@ else
 fi
 expect 1 "dropout_p (1.5) must be in \[0, 1)" -- "$FMHA" run --model flux-1024 --seqlen 32 --dropout 1.5
 expect 2 "not an integer" -- "$FMHA" run --model flux-1024 --seqlen abc
+
+# ---- every numeric flag: range-checked, the flag, value and range named
+expect 2 "--iters 2147483648 is out of range: allowed 1 to 1000000" -- "$FMHA" bench --seqlen 64 --heads 1 --head-dim 32 --iters 2147483648
+expect 2 "--iters -1 is out of range" -- "$FMHA" bench --seqlen 64 --iters -1
+expect 2 "--threads 4294967297 is out of range: allowed 0 to 4096" -- "$FMHA" run --model flux-1024 --seqlen 32 --threads 4294967297
+expect 2 "--seqlen 99999999999999999999 is out of range: allowed 1 to 2147483647" -- "$FMHA" run --model flux-1024 --seqlen 99999999999999999999
+expect 2 "--seqlen-k 2147483648 is out of range" -- "$FMHA" bench --seqlen 64 --seqlen-k 2147483648
+expect 2 "--batch 0 is out of range: allowed 1 to" -- "$FMHA" run --model flux-1024 --batch 0
+expect 2 "--heads 65537 is out of range: allowed 1 to 65536" -- "$FMHA" bench --heads 65537
+expect 2 "--kv-heads 0 is out of range" -- "$FMHA" bench --kv-heads 0
+expect 2 "--head-dim 9223372036854775807 is out of range" -- "$FMHA" bench --head-dim 9223372036854775807
+expect 2 "--window-left -2 is out of range: allowed -1 to" -- "$FMHA" run --model flux-1024 --window-left -2
+expect 2 "--window-right '1e3' is not an integer (allowed: -1 to" -- "$FMHA" run --model flux-1024 --window-right 1e3
+expect 2 "--seed '-1' is not an unsigned integer" -- "$FMHA" run --model flux-1024 --seed -1
+expect 2 "--seed 18446744073709551616 is out of range" -- "$FMHA" run --model flux-1024 --seed 18446744073709551616
+expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 32 --seed 18446744073709551615
+expect 2 "--scale 'inf' is not a finite number" -- "$FMHA" run --model flux-1024 --scale inf
+expect 1 "q \[2147483647, 2147483647, 16, 128\] has more than 2^60 elements" -- "$FMHA" bench --batch 2147483647 --seqlen 2147483647
+expect 1 "has more than 2^60 elements" -- "$FMHA" run --model llama3-8b --batch 2147483647 --seqlen 2147483647
+expect 0 "GFLOP/s" -- "$FMHA" bench --seqlen 64 --heads 1 --head-dim 32 --iters 300
 expect 1 "FMHA_CPU_ISA=sse9" -- env FMHA_CPU_ISA=sse9 "$FMHA" run --model flux-1024 --seqlen 32
 
 # ---- FP8: a bf16 source quantized per tensor, checked on the dequantized inputs

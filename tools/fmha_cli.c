@@ -74,13 +74,52 @@ typedef struct options {
     int threads, check, json, iters;
 } options;
 
-static int parse_int(const char *s, const char *name, int64_t min, int64_t *out)
+/* Ranges of the integer flags. Sizes stay within int32 (cu_seqlens are I32,
+ * and a bigger one could not be allocated anyway); products of sizes are
+ * checked where buffers are sized (elems). */
+#define CLI_MAX_SEQLEN 2147483647LL
+#define CLI_MAX_BATCH 2147483647LL
+#define CLI_MAX_HEADS 65536LL
+#define CLI_MAX_HEAD_DIM 65536LL
+#define CLI_MAX_WINDOW 2147483647LL
+#define CLI_MAX_THREADS 4096LL
+#define CLI_MAX_ITERS 1000000LL
+
+/* A decimal integer in [min, max]; otherwise a message naming the flag, the
+ * value and the range. */
+static int parse_int(const char *s, const char *name, int64_t min, int64_t max, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < min) {
-        fprintf(stderr, "fmha: %s '%s' is not an integer >= %lld\n", name, s, (long long)min);
+    if (!*s || *end) {
+        fprintf(stderr, "fmha: %s '%s' is not an integer (allowed: %lld to %lld)\n", name, s,
+                (long long)min, (long long)max);
+        return -1;
+    }
+    if (errno == ERANGE || v < min || v > max) {
+        fprintf(stderr, "fmha: %s %s is out of range: allowed %lld to %lld\n", name, s,
+                (long long)min, (long long)max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* --seed: any 64-bit unsigned value. */
+static int parse_u64(const char *s, const char *name, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || *s == '-' || *s == '+') {
+        fprintf(stderr, "fmha: %s '%s' is not an unsigned integer (allowed: 0 to %llu)\n", name,
+                s, (unsigned long long)UINT64_MAX);
+        return -1;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "fmha: %s %s is out of range: allowed 0 to %llu\n", name, s,
+                (unsigned long long)UINT64_MAX);
         return -1;
     }
     *out = v;
@@ -147,28 +186,24 @@ static int parse_options(int argc, char **argv, options *o)
         switch (c) {
         case 'o': o->output = optarg; break;
         case OPT_MODEL: o->model = optarg; break;
-        case OPT_SEQLEN: if (parse_int(optarg, "--seqlen", 1, &o->seqlen)) return -1; break;
-        case OPT_SEQLEN_K: if (parse_int(optarg, "--seqlen-k", 1, &o->seqlen_k)) return -1; break;
-        case OPT_BATCH: if (parse_int(optarg, "--batch", 1, &o->batch)) return -1; break;
-        case OPT_HEADS: if (parse_int(optarg, "--heads", 1, &o->heads)) return -1; break;
-        case OPT_KV_HEADS: if (parse_int(optarg, "--kv-heads", 1, &o->kv_heads)) return -1; break;
-        case OPT_HEAD_DIM: if (parse_int(optarg, "--head-dim", 1, &o->head_dim)) return -1; break;
+        case OPT_SEQLEN: if (parse_int(optarg, "--seqlen", 1, CLI_MAX_SEQLEN, &o->seqlen)) return -1; break;
+        case OPT_SEQLEN_K: if (parse_int(optarg, "--seqlen-k", 1, CLI_MAX_SEQLEN, &o->seqlen_k)) return -1; break;
+        case OPT_BATCH: if (parse_int(optarg, "--batch", 1, CLI_MAX_BATCH, &o->batch)) return -1; break;
+        case OPT_HEADS: if (parse_int(optarg, "--heads", 1, CLI_MAX_HEADS, &o->heads)) return -1; break;
+        case OPT_KV_HEADS: if (parse_int(optarg, "--kv-heads", 1, CLI_MAX_HEADS, &o->kv_heads)) return -1; break;
+        case OPT_HEAD_DIM: if (parse_int(optarg, "--head-dim", 1, CLI_MAX_HEAD_DIM, &o->head_dim)) return -1; break;
         case OPT_DTYPE:
             if (parse_dtype(optarg, &o->dtype))
                 return -1;
             o->dtype_set = 1;
             break;
         case OPT_CAUSAL: o->causal = 1; break;
-        case OPT_WL: if (parse_int(optarg, "--window-left", -1, &o->window_left)) return -1; break;
-        case OPT_WR: if (parse_int(optarg, "--window-right", -1, &o->window_right)) return -1; break;
+        case OPT_WL: if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left)) return -1; break;
+        case OPT_WR: if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right)) return -1; break;
         case OPT_SCALE: if (parse_double(optarg, "--scale", &o->scale)) return -1; break;
         case OPT_SOFTCAP: if (parse_double(optarg, "--softcap", &o->softcap)) return -1; break;
         case OPT_DROPOUT: if (parse_double(optarg, "--dropout", &o->dropout)) return -1; break;
-        case OPT_SEED:
-            if (parse_int(optarg, "--seed", 0, &v))
-                return -1;
-            o->seed = (uint64_t)v;
-            break;
+        case OPT_SEED: if (parse_u64(optarg, "--seed", &o->seed)) return -1; break;
         case OPT_DEVICE:
             if (!strcmp(optarg, "cpu"))
                 o->device = FMHA_DEVICE_CPU;
@@ -180,14 +215,14 @@ static int parse_options(int argc, char **argv, options *o)
             }
             break;
         case OPT_THREADS:
-            if (parse_int(optarg, "--threads", 0, &v))
+            if (parse_int(optarg, "--threads", 0, CLI_MAX_THREADS, &v))
                 return -1;
             o->threads = (int)v;
             break;
         case OPT_CHECK: o->check = 1; break;
         case OPT_JSON: o->json = 1; break;
         case OPT_ITERS:
-            if (parse_int(optarg, "--iters", 1, &v))
+            if (parse_int(optarg, "--iters", 1, CLI_MAX_ITERS, &v))
                 return -1;
             o->iters = (int)v;
             break;
@@ -202,6 +237,29 @@ static int parse_options(int argc, char **argv, options *o)
         return -1;
     }
     return 0;
+}
+
+/* Whether a [a, b, c, d] tensor's elements, at 8 bytes each, fit int64 (and
+ * so every size computed from its dims); otherwise says which and returns 0. */
+static int shape_fits(const char *what, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    int64_t n;
+    if (!__builtin_mul_overflow(a, b, &n) && !__builtin_mul_overflow(n, c, &n) &&
+        !__builtin_mul_overflow(n, d, &n) && n <= INT64_MAX / 8)
+        return 1;
+    fprintf(stderr,
+            "fmha: %s [%lld, %lld, %lld, %lld] has more than 2^60 elements, too many to "
+            "allocate: use a smaller batch, sequence length or head count\n",
+            what, (long long)a, (long long)b, (long long)c, (long long)d);
+    return 0;
+}
+
+/* q, k/v and out of a padded problem (lse is [b, h, sq], smaller than q). */
+static int problem_fits(int64_t batch, int64_t sq, int64_t sk, int64_t heads, int64_t kv,
+                        int64_t d, int64_t dv)
+{
+    return shape_fits("q", batch, sq, heads, d) && shape_fits("k", batch, sk, kv, d) &&
+           shape_fits("v", batch, sk, kv, dv) && shape_fits("out", batch, sq, heads, dv);
 }
 
 static void config_from_options(const options *o, fmha_config *cfg, int64_t heads, int64_t kv,
@@ -506,6 +564,8 @@ static int run_file(const options *o)
     if (fp8)
         cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
 
+    if (!shape_fits("out", a.q.batch, a.q.seqlen, a.q.heads, a.v.head_dim))
+        goto done;
     size_t es = fmha_dtype_size(a.q.dtype);
     int64_t nout = a.q.batch * a.q.seqlen * a.q.heads * a.v.head_dim;
     outbuf = calloc((size_t)nout, es);
@@ -623,6 +683,8 @@ static int run_model(const options *o)
         sk = sq == sk ? o->seqlen : sk; /* cross-attention keeps its text length */
         sq = o->seqlen;
     }
+    if (!problem_fits(batch, sq, sk, p->heads, p->kv_heads, p->head_dim, p->head_dim))
+        return 1;
     options oo = *o;
     oo.causal = o->causal || p->causal;
     fmha_config cfg;
@@ -852,14 +914,18 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
         dev_args_free(&dev);
         goto done;
     }
-    double times[200];
-    int iters = o->iters;
+    int iters = o->iters; /* in [1, CLI_MAX_ITERS] when given */
     if (!iters) {
         dev_time_forward(layer, &dev, &one);
-        iters = one > 0 ? (int)(2000.0 / one) : 200; /* about two seconds */
-        iters = iters < 5 ? 5 : iters > 200 ? 200 : iters;
+        const double n = one > 0 ? 2000.0 / one : 200; /* about two seconds */
+        iters = n < 5 ? 5 : n > 200 ? 200 : (int)n;      /* clamped before the conversion */
     }
-    iters = iters > 200 ? 200 : iters;
+    double *times = malloc(sizeof(double) * (size_t)iters);
+    if (!times) {
+        fprintf(stderr, "fmha: out of memory for %d timings\n", iters);
+        dev_args_free(&dev);
+        goto done;
+    }
     for (int i = 0; i < iters; i++) {
         dev_time_forward(layer, &dev, &times[i]);
         times[i] *= 1e-3;
@@ -867,6 +933,7 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
     dev_args_free(&dev);
     qsort(times, (size_t)iters, sizeof times[0], cmp_double);
     double med = times[iters / 2];
+    free(times);
     double flops = fmha_flops(&cfg, s->batch, s->sq, s->sk);
     double gflops = flops / med * 1e-9;
     int bf16dp = !strcmp(kinfo->name, "cpu_avx512_bf16dp");
@@ -927,7 +994,7 @@ done:
 }
 
 /* The shape of `bench` and `accuracy`: a preset or explicit sizes over `s`'s
- * defaults. 0, or EXIT_USAGE for an unknown preset. */
+ * defaults. 0, EXIT_USAGE for an unknown preset, 1 for a shape too large. */
 static int shape_from_options(const options *o, bench_shape *s)
 {
     if (o->model) {
@@ -956,7 +1023,7 @@ static int shape_from_options(const options *o, bench_shape *s)
         s->kv = o->kv_heads;
     if (o->head_dim)
         s->d = o->head_dim;
-    return 0;
+    return problem_fits(s->batch, s->sq, s->sk, s->heads, s->kv, s->d, s->d) ? 0 : 1;
 }
 
 static int cmd_bench(int argc, char **argv)
@@ -969,8 +1036,9 @@ static int cmd_bench(int argc, char **argv)
         return EXIT_USAGE;
     }
     bench_shape s = {NULL, 1, 2048, 2048, 16, 16, 128, o.causal};
-    if (shape_from_options(&o, &s))
-        return EXIT_USAGE;
+    int src = shape_from_options(&o, &s);
+    if (src)
+        return src;
 
     const int threads = o.threads ? o.threads : omp_get_max_threads();
     double peak_f32 = 0, peak_bf16 = 0;
@@ -1011,8 +1079,9 @@ static int cmd_accuracy(int argc, char **argv)
         return EXIT_USAGE;
     }
     bench_shape s = {NULL, 1, 2048, 2048, 8, 8, 128, o.causal};
-    if (shape_from_options(&o, &s))
-        return EXIT_USAGE;
+    int src = shape_from_options(&o, &s);
+    if (src)
+        return src;
     options oo = o;
     oo.dtype = FMHA_DTYPE_BF16;
     oo.causal = s.causal;

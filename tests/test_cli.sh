@@ -158,6 +158,10 @@ expect 1 "num_heads (28) must be a multiple of num_kv_heads (6): each KV head se
 expect 1 "16" -- "$FMHA" check "$T/more_kv.json"
 expect 1 "2000" -- "$FMHA" check "$T/hidden.json"
 expect 1 "" -- "$FMHA" check "$T/missing.json"
+cat > "$T/huge.json" <<'EOF2'
+{"num_attention_heads": 9007199254740992, "head_dim": 128}
+EOF2
+expect 1 "num_attention_heads is 9007199254740992, too large: at most 2147483647" -- "$FMHA" check "$T/huge.json"
 
 # ---- bench: one JSON object per case with the agreed keys
 if command -v python3 >/dev/null 2>&1; then

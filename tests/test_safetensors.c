@@ -501,6 +501,10 @@ static void test_corrupt(void)
     BAD_HEADER("no dtype", "{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "no \"dtype\"");
 
     /* shape. */
+    /* A dim past 2^53 is too large, not "not an integer". */
+    BAD_HEADER("dim 2^60",
+               "{\"a\":{\"dtype\":\"U8\",\"shape\":[1152921504606846976],\"data_offsets\":[0,0]}}",
+               0, "\"a\": shape[0] = 1152921504606846976 is too large: a dim must be at most 2^53");
     BAD_HEADER("negative dim",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1,2],\"data_offsets\":[0,8]}}", 8,
                "\"a\": shape[0] = -1 is not a non-negative integer");

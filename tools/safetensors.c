@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -301,9 +302,20 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
     cJSON_ArrayForEach(dim, sh) {
         if (json_int(dim, &e->shape[i]) != 0 || e->shape[i] < 0) {
             char *txt = cJSON_PrintUnformatted(dim);
-            set_err(err, errlen,
-                    "%s: tensor \"%s\": shape[%d] = %s is not a non-negative integer", path,
-                    name, i, txt ? txt : "?");
+            const double d = cJSON_IsNumber(dim) ? dim->valuedouble : 0.0;
+            if (d > ST_MAX_EXACT_INT && d == floor(d)) /* in full: cJSON rounds to 15 digits */
+                set_err(err, errlen,
+                        d < 1e20 ? "%s: tensor \"%s\": shape[%d] = %.0f is too large: a dim must "
+                                   "be at most 2^53 = 9007199254740992 (JSON numbers are exact "
+                                   "only that far)"
+                                 : "%s: tensor \"%s\": shape[%d] = %g is too large: a dim must "
+                                   "be at most 2^53 = 9007199254740992 (JSON numbers are exact "
+                                   "only that far)",
+                        path, name, i, d);
+            else
+                set_err(err, errlen,
+                        "%s: tensor \"%s\": shape[%d] = %s is not a non-negative integer", path,
+                        name, i, txt ? txt : "?");
             cJSON_free(txt);
             return ST_ERR_FORMAT;
         }

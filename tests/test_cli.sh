@@ -57,6 +57,38 @@ expect 0 "all rows against the float64 reference.*: ok" -- "$FMHA" run "$T/flux.
 [ -f "$T/again.safetensors" ] && ok || bad "run FILE -o wrote no file"
 expect 0 ": ok" -- "$FMHA" run "$T/flux.safetensors" --check --causal --threads 1
 
+# ---- a file records its run's options: a causal preset re-runs causal
+expect 0 "wrote" -- "$FMHA" run --model llama3-8b --seqlen 100 -o "$T/llama.safetensors"
+expect 0 "options from .*llama.safetensors's metadata: causal 1, window_left -1" -- "$FMHA" run "$T/llama.safetensors" --check -o "$T/llama_again.safetensors"
+expect 0 "metadata: window_left -1" -- "$FMHA" run "$T/llama.safetensors" --no-causal --check
+expect 0 "metadata: causal 0" -- "$FMHA" run "$T/flux.safetensors" --check
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$T/llama.safetensors" "$T/llama_again.safetensors" <<'EOF2' && ok || bad "re-run of a causal preset's file differs from its output"
+import json, struct, sys
+def tensor(path, name):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    b, e = h[name]["data_offsets"]
+    return h["__metadata__"], raw[8 + n + b:8 + n + e]
+meta, out1 = tensor(sys.argv[1], "out")
+_, out2 = tensor(sys.argv[2], "out")
+assert meta["fmha.causal"] == "1", meta
+assert out1 == out2, "outputs differ"
+EOF2
+fi
+python3 - "$T/llama.safetensors" "$T/badmeta.safetensors" <<'EOF2' 2>/dev/null
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+h["__metadata__"]["fmha.causal"] = "yes"
+hb = json.dumps(h).encode()
+hb += b" " * ((8 - len(hb) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+EOF2
+[ -f "$T/badmeta.safetensors" ] && expect 1 "metadata fmha.causal = 'yes' is not a valid value" -- "$FMHA" run "$T/badmeta.safetensors" --check
+
 # ---- packed (varlen) input made by hand: three sequences, one empty
 if command -v python3 >/dev/null 2>&1; then
     python3 "$SRC/tests/make_packed.py" "$T/packed.safetensors" && ok || bad "make_packed.py failed"

@@ -31,6 +31,8 @@ static const char usage_text[] =
     "  run [IN.safetensors -o OUT.safetensors] [--model PRESET] [--seqlen N] [--batch B]\n"
     "      [--dtype f32|f16|bf16|fp8] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
     "      [--softcap C] [--dropout P --seed N] [--device cpu|cuda] [--threads N] [--check]\n"
+    "      [--no-causal]   OUT records the run's options (mask, scale, softcap, dropout, seed)\n"
+    "      in its metadata; `fmha run OUT` uses them where the command line gives none.\n"
     "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
     "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
     "      (dtype of q) and lse (F32). Without IN, runs a model preset (default " FMHA_DEFAULT_PRESET
@@ -72,7 +74,15 @@ typedef struct options {
     uint64_t seed;
     fmha_device device;
     int threads, check, json, iters;
+    unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } options;
+
+/* The run options a written file records in its metadata (meta_options). */
+enum {
+    OPTION_CAUSAL = 1u << 0, OPTION_WINDOW_LEFT = 1u << 1, OPTION_WINDOW_RIGHT = 1u << 2,
+    OPTION_SCALE = 1u << 3, OPTION_SOFTCAP = 1u << 4, OPTION_DROPOUT = 1u << 5,
+    OPTION_SEED = 1u << 6
+};
 
 /* Ranges of the integer flags. Sizes stay within int32 (cu_seqlens are I32,
  * and a bigger one could not be allocated anyway); products of sizes are
@@ -155,7 +165,7 @@ static int parse_dtype(const char *s, fmha_dtype *out)
 enum {
     OPT_MODEL = 256, OPT_SEQLEN, OPT_SEQLEN_K, OPT_BATCH, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM,
     OPT_DTYPE, OPT_CAUSAL, OPT_WL, OPT_WR, OPT_SCALE, OPT_SOFTCAP, OPT_DROPOUT, OPT_SEED,
-    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS
+    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS, OPT_NO_CAUSAL
 };
 
 static int parse_options(int argc, char **argv, options *o)
@@ -167,6 +177,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"kv-heads", required_argument, 0, OPT_KV_HEADS},
         {"head-dim", required_argument, 0, OPT_HEAD_DIM},
         {"dtype", required_argument, 0, OPT_DTYPE}, {"causal", no_argument, 0, OPT_CAUSAL},
+        {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
         {"window-left", required_argument, 0, OPT_WL},
         {"window-right", required_argument, 0, OPT_WR},
         {"scale", required_argument, 0, OPT_SCALE}, {"softcap", required_argument, 0, OPT_SOFTCAP},
@@ -197,13 +208,14 @@ static int parse_options(int argc, char **argv, options *o)
                 return -1;
             o->dtype_set = 1;
             break;
-        case OPT_CAUSAL: o->causal = 1; break;
-        case OPT_WL: if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left)) return -1; break;
-        case OPT_WR: if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right)) return -1; break;
-        case OPT_SCALE: if (parse_double(optarg, "--scale", &o->scale)) return -1; break;
-        case OPT_SOFTCAP: if (parse_double(optarg, "--softcap", &o->softcap)) return -1; break;
-        case OPT_DROPOUT: if (parse_double(optarg, "--dropout", &o->dropout)) return -1; break;
-        case OPT_SEED: if (parse_u64(optarg, "--seed", &o->seed)) return -1; break;
+        case OPT_CAUSAL: o->causal = 1; o->given |= OPTION_CAUSAL; break;
+        case OPT_NO_CAUSAL: o->causal = 0; o->given |= OPTION_CAUSAL; break;
+        case OPT_WL: if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left)) return -1; o->given |= OPTION_WINDOW_LEFT; break;
+        case OPT_WR: if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right)) return -1; o->given |= OPTION_WINDOW_RIGHT; break;
+        case OPT_SCALE: if (parse_double(optarg, "--scale", &o->scale)) return -1; o->given |= OPTION_SCALE; break;
+        case OPT_SOFTCAP: if (parse_double(optarg, "--softcap", &o->softcap)) return -1; o->given |= OPTION_SOFTCAP; break;
+        case OPT_DROPOUT: if (parse_double(optarg, "--dropout", &o->dropout)) return -1; o->given |= OPTION_DROPOUT; break;
+        case OPT_SEED: if (parse_u64(optarg, "--seed", &o->seed)) return -1; o->given |= OPTION_SEED; break;
         case OPT_DEVICE:
             if (!strcmp(optarg, "cpu"))
                 o->device = FMHA_DEVICE_CPU;
@@ -446,10 +458,60 @@ static void *alloc_random(fmha_dtype dt, int64_t n)
     return p;
 }
 
+/* Metadata keys of the run options, in OPTION_* bit order. */
+static const char *const META_KEYS[7] = {"fmha.causal",  "fmha.window_left", "fmha.window_right",
+                                         "fmha.softmax_scale", "fmha.softcap", "fmha.dropout_p",
+                                         "fmha.seed"};
+
+/* Options a file records (write_outputs) that the command line did not
+ * give. Prints which were taken; -1 with a message for a malformed value. */
+static int meta_options(const st_file *f, const char *path, options *o)
+{
+    char taken[256] = "";
+    for (int i = 0; i < 7; i++) {
+        const char *v = st_meta_get(f, META_KEYS[i]);
+        if (!v || (o->given & (1u << i)))
+            continue;
+        char *end;
+        errno = 0;
+        int ok;
+        if (i == 3 || i == 4 || i == 5) {
+            double d = strtod(v, &end);
+            ok = *v && !*end && isfinite(d);
+            if (ok)
+                *(i == 3 ? &o->scale : i == 4 ? &o->softcap : &o->dropout) = d;
+        } else if (i == 6) {
+            unsigned long long u = strtoull(v, &end, 10);
+            ok = *v >= '0' && *v <= '9' && !*end && !errno;
+            if (ok)
+                o->seed = u;
+        } else {
+            long long n = strtoll(v, &end, 10);
+            ok = *v && !*end && !errno && (i == 0 ? (n == 0 || n == 1) : n >= -1);
+            if (ok && i == 0)
+                o->causal = (int)n;
+            else if (ok)
+                *(i == 1 ? &o->window_left : &o->window_right) = n;
+        }
+        if (!ok) {
+            fprintf(stderr, "fmha: %s: metadata %s = '%s' is not a valid value; fix or remove "
+                            "it, or give the option on the command line\n",
+                    path, META_KEYS[i], v);
+            return -1;
+        }
+        size_t n = strlen(taken);
+        snprintf(taken + n, sizeof taken - n, "%s%s %s", n ? ", " : "", META_KEYS[i] + 5, v);
+    }
+    if (taken[0])
+        printf("options from %s's metadata: %s\n", path, taken);
+    return 0;
+}
+
 /* Writes out and lse; with `inputs`, also q, k and v, so that the file can
  * be run again (`fmha run FILE --check`). */
 static int write_outputs(const char *path, const fmha_tensor *out, int packed, const float *lse,
-                         const char *kernel, const fmha_forward_args *inputs)
+                         const char *kernel, const fmha_forward_args *inputs,
+                         const fmha_config *cfg, uint64_t seed)
 {
     st_tensor ts[5];
     int n = 0;
@@ -477,7 +539,20 @@ static int write_outputs(const char *path, const fmha_tensor *out, int packed, c
             ts[n++] = st_tensor_make(names[i], dt, 4, shapes[i], in[i]->data);
         }
     }
-    const char *meta[] = {"producer", "fmha " FMHA_VERSION_STRING, "kernel", kernel, NULL};
+    /* The options the output was computed with, so that `fmha run FILE`
+     * computes the same attention (a preset's causal mask was lost before). */
+    char vals[7][32];
+    snprintf(vals[0], sizeof vals[0], "%d", cfg->causal ? 1 : 0);
+    snprintf(vals[1], sizeof vals[1], "%lld", (long long)cfg->window_left);
+    snprintf(vals[2], sizeof vals[2], "%lld", (long long)cfg->window_right);
+    snprintf(vals[3], sizeof vals[3], "%.17g", cfg->softmax_scale);
+    snprintf(vals[4], sizeof vals[4], "%.17g", cfg->softcap);
+    snprintf(vals[5], sizeof vals[5], "%.17g", cfg->dropout_p);
+    snprintf(vals[6], sizeof vals[6], "%llu", (unsigned long long)seed);
+    const char *meta[] = {"producer", "fmha " FMHA_VERSION_STRING, "kernel", kernel,
+                          META_KEYS[0], vals[0], META_KEYS[1], vals[1], META_KEYS[2], vals[2],
+                          META_KEYS[3], vals[3], META_KEYS[4], vals[4], META_KEYS[5], vals[5],
+                          META_KEYS[6], vals[6], NULL};
     char err[512];
     if (st_write(path, ts, n, meta, err, sizeof err) != ST_OK) {
         fprintf(stderr, "fmha: cannot write %s: %s\n", path, err);
@@ -557,6 +632,8 @@ static int run_file(const options *o)
     }
     options oo = *o;
     oo.dtype = a.q.dtype;
+    if (meta_options(&f, o->input, &oo))
+        goto done;
     fmha_config cfg;
     config_from_options(&oo, &cfg, a.q.heads, a.k.heads, a.q.head_dim, a.v.head_dim);
     /* --dtype fp8 on a file: the layer quantizes q, k, v on the fly (fp8_compute). */
@@ -576,7 +653,7 @@ static int run_file(const options *o)
     }
     a.out = fmha_tensor_bshd(outbuf, a.q.dtype, a.q.batch, a.q.seqlen, a.q.heads, a.v.head_dim);
     a.lse = lse;
-    a.seed = o->seed;
+    a.seed = oo.seed;
 
     fmha_layer *layer;
     fmha_status st = fmha_layer_init(&layer, &cfg);
@@ -656,7 +733,7 @@ static int run_file(const options *o)
         }
         free(reflse);
     }
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, packed, lse, kernel, NULL))
+    if (rc == 0 && o->output && write_outputs(o->output, &a.out, packed, lse, kernel, NULL, &cfg, oo.seed))
         rc = 1;
 done:
     free(outbuf);
@@ -686,7 +763,7 @@ static int run_model(const options *o)
     if (!problem_fits(batch, sq, sk, p->heads, p->kv_heads, p->head_dim, p->head_dim))
         return 1;
     options oo = *o;
-    oo.causal = o->causal || p->causal;
+    oo.causal = (o->given & OPTION_CAUSAL) ? o->causal : p->causal; /* --no-causal too */
     fmha_config cfg;
     config_from_options(&oo, &cfg, p->heads, p->kv_heads, p->head_dim, p->head_dim);
 
@@ -803,7 +880,7 @@ static int run_model(const options *o)
         free(ref);
     }
     /* FP8 runs save their bf16 source: `fmha run OUT --dtype fp8 --check` reruns it. */
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &src))
+    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &src, &cfg, o->seed))
         rc = 1;
 done:
     fp8_args_free(&f8);

@@ -89,6 +89,25 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
 EOF2
 [ -f "$T/badmeta.safetensors" ] && expect 1 "metadata fmha.causal = 'yes' is not a valid value" -- "$FMHA" run "$T/badmeta.safetensors" --check
 
+# ---- non-finite inputs: reported by --check (which fails), refused by --check-finite
+python3 - "$T/flux.safetensors" "$T/nan.safetensors" <<'EOF2' 2>/dev/null
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+b = h["k"]["data_offsets"][0]
+raw[8 + n + b + 2 * 7:8 + n + b + 2 * 7 + 2] = b"\xc0\x7f"  # bf16 NaN at k[0, 0, 0, 7]
+open(sys.argv[2], "wb").write(bytes(raw))
+EOF2
+if [ -f "$T/nan.safetensors" ]; then
+    expect 1 "non-finite input: k holds 1 NaN/inf value (first k\[0, 0, 0, 7\] = nan)" -- "$FMHA" run "$T/nan.safetensors" --check
+    expect 1 "check: FAILED: the inputs hold 1 non-finite values" -- env FMHA_CPU_ISA=avx2 "$FMHA" run "$T/nan.safetensors" --check
+    expect 1 "non-finite outputs" -- env FMHA_CPU_ISA=scalar "$FMHA" run "$T/nan.safetensors" --check
+    expect 1 "--check-finite: .*nan.safetensors holds 1 non-finite input values; nothing was run" -- "$FMHA" run "$T/nan.safetensors" --check-finite -o "$T/nan_out.safetensors"
+    [ ! -e "$T/nan_out.safetensors" ] && ok || bad "--check-finite wrote an output"
+    expect 0 "check-finite: q, k, v hold no NaN or inf" -- "$FMHA" run "$T/flux.safetensors" --check-finite
+fi
+
 # ---- packed (varlen) input made by hand: three sequences, one empty
 if command -v python3 >/dev/null 2>&1; then
     python3 "$SRC/tests/make_packed.py" "$T/packed.safetensors" && ok || bad "make_packed.py failed"

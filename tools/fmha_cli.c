@@ -31,7 +31,8 @@ static const char usage_text[] =
     "  run [IN.safetensors -o OUT.safetensors] [--model PRESET] [--seqlen N] [--batch B]\n"
     "      [--dtype f32|f16|bf16|fp8] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
     "      [--softcap C] [--dropout P --seed N] [--device cpu|cuda] [--threads N] [--check]\n"
-    "      [--no-causal]   OUT records the run's options (mask, scale, softcap, dropout, seed)\n"
+    "      [--no-causal] [--check-finite]   --check-finite refuses q, k, v holding NaN or inf\n"
+    "      (--check reports them and fails). OUT records the run's options (mask, scale, softcap, dropout, seed)\n"
     "      in its metadata; `fmha run OUT` uses them where the command line gives none.\n"
     "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
     "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
@@ -73,7 +74,7 @@ typedef struct options {
     double scale, softcap, dropout;
     uint64_t seed;
     fmha_device device;
-    int threads, check, json, iters;
+    int threads, check, json, iters, check_finite;
     unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } options;
 
@@ -165,7 +166,7 @@ static int parse_dtype(const char *s, fmha_dtype *out)
 enum {
     OPT_MODEL = 256, OPT_SEQLEN, OPT_SEQLEN_K, OPT_BATCH, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM,
     OPT_DTYPE, OPT_CAUSAL, OPT_WL, OPT_WR, OPT_SCALE, OPT_SOFTCAP, OPT_DROPOUT, OPT_SEED,
-    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS, OPT_NO_CAUSAL
+    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS, OPT_NO_CAUSAL, OPT_CHECK_FINITE
 };
 
 static int parse_options(int argc, char **argv, options *o)
@@ -178,6 +179,7 @@ static int parse_options(int argc, char **argv, options *o)
         {"head-dim", required_argument, 0, OPT_HEAD_DIM},
         {"dtype", required_argument, 0, OPT_DTYPE}, {"causal", no_argument, 0, OPT_CAUSAL},
         {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
+        {"check-finite", no_argument, 0, OPT_CHECK_FINITE},
         {"window-left", required_argument, 0, OPT_WL},
         {"window-right", required_argument, 0, OPT_WR},
         {"scale", required_argument, 0, OPT_SCALE}, {"softcap", required_argument, 0, OPT_SOFTCAP},
@@ -232,6 +234,7 @@ static int parse_options(int argc, char **argv, options *o)
             o->threads = (int)v;
             break;
         case OPT_CHECK: o->check = 1; break;
+        case OPT_CHECK_FINITE: o->check_finite = 1; break;
         case OPT_JSON: o->json = 1; break;
         case OPT_ITERS:
             if (parse_int(optarg, "--iters", 1, CLI_MAX_ITERS, &v))
@@ -421,6 +424,40 @@ static int report_check(const errstats *e, fmha_dtype out, int p_e4m3, const cha
     if (e->nonfinite)
         printf("  %lld non-finite outputs\n", (long long)e->nonfinite);
     return ok ? 0 : 1;
+}
+
+/* ---------------------------------------------------- non-finite inputs */
+
+/* Counts the NaN and +-inf elements of q, k and v and prints each tensor
+ * that has some, with the first one's index (docs/reliability.md says what
+ * they produce). One pass over the inputs; returns the total. */
+static int64_t report_nonfinite(const fmha_forward_args *a)
+{
+    const fmha_tensor *ts[3] = {&a->q, &a->k, &a->v};
+    const char *names[3] = {"q", "k", "v"};
+    int64_t total = 0;
+    for (int t = 0; t < 3; t++) {
+        const fmha_tensor *x = ts[t];
+        int64_t n = 0, at[4] = {0};
+        double first = 0;
+        for (int64_t b = 0; b < x->batch; b++)
+            for (int64_t s = 0; s < x->seqlen; s++)
+                for (int64_t h = 0; h < x->heads; h++)
+                    for (int64_t c = 0; c < x->head_dim; c++) {
+                        const double e = cli_elem(x, b, s, h, c);
+                        if (!isfinite(e) && n++ == 0) {
+                            at[0] = b, at[1] = s, at[2] = h, at[3] = c;
+                            first = e;
+                        }
+                    }
+        if (n)
+            printf("non-finite input: %s holds %lld NaN/inf value%s (first %s[%lld, %lld, %lld, "
+                   "%lld] = %g); its rows give NaN (docs/reliability.md)\n",
+                   names[t], (long long)n, n == 1 ? "" : "s", names[t], (long long)at[0],
+                   (long long)at[1], (long long)at[2], (long long)at[3], first);
+        total += n;
+    }
+    return total;
 }
 
 /* -------------------------------------------------------------- fmha run */
@@ -630,6 +667,17 @@ static int run_file(const options *o)
                 fmha_dtype_name(a.k.dtype), fmha_dtype_name(a.v.dtype));
         goto done;
     }
+    int64_t nonfinite = 0;
+    if (o->check || o->check_finite) {
+        nonfinite = report_nonfinite(&a);
+        if (o->check_finite && nonfinite) {
+            fprintf(stderr, "fmha: --check-finite: %s holds %lld non-finite input values; "
+                            "nothing was run\n", o->input, (long long)nonfinite);
+            goto done;
+        }
+        if (o->check_finite)
+            printf("check-finite: q, k, v hold no NaN or inf\n");
+    }
     options oo = *o;
     oo.dtype = a.q.dtype;
     if (meta_options(&f, o->input, &oo))
@@ -730,6 +778,10 @@ static int run_file(const options *o)
                    e.ref2 > 0 ? sqrt(e.diff2 / e.ref2) : 0.0);
         } else {
             rc = report_check(&e, a.out.dtype, 0, "all rows against the float64 reference");
+        }
+        if (nonfinite) {
+            printf("check: FAILED: the inputs hold %lld non-finite values\n", (long long)nonfinite);
+            rc = 1;
         }
         free(reflse);
     }
@@ -901,8 +953,9 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "fmha: give an input file or --model, not both\n");
         return EXIT_USAGE;
     }
-    if (o.input && !o.output && !o.check) {
-        fprintf(stderr, "fmha: run %s needs -o OUT.safetensors (or --check)\n", o.input);
+    if (o.input && !o.output && !o.check && !o.check_finite) {
+        fprintf(stderr, "fmha: run %s needs -o OUT.safetensors (or --check, --check-finite)\n",
+                o.input);
         return EXIT_USAGE;
     }
     if (o.output) { /* before any work: the run would end by destroying its input */

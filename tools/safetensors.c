@@ -8,7 +8,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -303,7 +302,9 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
         if (json_int(dim, &e->shape[i]) != 0 || e->shape[i] < 0) {
             char *txt = cJSON_PrintUnformatted(dim);
             const double d = cJSON_IsNumber(dim) ? dim->valuedouble : 0.0;
-            if (d > ST_MAX_EXACT_INT && d == floor(d)) /* in full: cJSON rounds to 15 digits */
+            /* Doubles past 2^53 are all integers; written in full below 1e20
+             * (cJSON rounds to 15 digits). d - d == 0 leaves out inf. */
+            if (d > ST_MAX_EXACT_INT && d - d == 0)
                 set_err(err, errlen,
                         d < 1e20 ? "%s: tensor \"%s\": shape[%d] = %.0f is too large: a dim must "
                                    "be at most 2^53 = 9007199254740992 (JSON numbers are exact "

@@ -31,9 +31,10 @@ static const char usage_text[] =
     "  run [IN.safetensors -o OUT.safetensors] [--model PRESET] [--seqlen N] [--batch B]\n"
     "      [--dtype f32|f16|bf16|fp8] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
     "      [--softcap C] [--dropout P --seed N] [--device cpu|cuda] [--threads N] [--check]\n"
-    "      [--no-causal] [--check-finite]   --check-finite refuses q, k, v holding NaN or inf\n"
-    "      (--check reports them and fails). OUT records the run's options (mask, scale, softcap, dropout, seed)\n"
-    "      in its metadata; `fmha run OUT` uses them where the command line gives none.\n"
+    "      [--no-causal] [--check-finite]   --check-finite refuses q, k, v holding NaN or\n"
+    "      inf (--check reports them and fails). OUT records the run's options (mask, scale,\n"
+    "      softcap, dropout, seed) in its metadata; `fmha run OUT` uses them where the command\n"
+    "      line gives none.\n"
     "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
     "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
     "      (dtype of q) and lse (F32). Without IN, runs a model preset (default " FMHA_DEFAULT_PRESET
@@ -199,12 +200,30 @@ static int parse_options(int argc, char **argv, options *o)
         switch (c) {
         case 'o': o->output = optarg; break;
         case OPT_MODEL: o->model = optarg; break;
-        case OPT_SEQLEN: if (parse_int(optarg, "--seqlen", 1, CLI_MAX_SEQLEN, &o->seqlen)) return -1; break;
-        case OPT_SEQLEN_K: if (parse_int(optarg, "--seqlen-k", 1, CLI_MAX_SEQLEN, &o->seqlen_k)) return -1; break;
-        case OPT_BATCH: if (parse_int(optarg, "--batch", 1, CLI_MAX_BATCH, &o->batch)) return -1; break;
-        case OPT_HEADS: if (parse_int(optarg, "--heads", 1, CLI_MAX_HEADS, &o->heads)) return -1; break;
-        case OPT_KV_HEADS: if (parse_int(optarg, "--kv-heads", 1, CLI_MAX_HEADS, &o->kv_heads)) return -1; break;
-        case OPT_HEAD_DIM: if (parse_int(optarg, "--head-dim", 1, CLI_MAX_HEAD_DIM, &o->head_dim)) return -1; break;
+        case OPT_SEQLEN:
+            if (parse_int(optarg, "--seqlen", 1, CLI_MAX_SEQLEN, &o->seqlen))
+                return -1;
+            break;
+        case OPT_SEQLEN_K:
+            if (parse_int(optarg, "--seqlen-k", 1, CLI_MAX_SEQLEN, &o->seqlen_k))
+                return -1;
+            break;
+        case OPT_BATCH:
+            if (parse_int(optarg, "--batch", 1, CLI_MAX_BATCH, &o->batch))
+                return -1;
+            break;
+        case OPT_HEADS:
+            if (parse_int(optarg, "--heads", 1, CLI_MAX_HEADS, &o->heads))
+                return -1;
+            break;
+        case OPT_KV_HEADS:
+            if (parse_int(optarg, "--kv-heads", 1, CLI_MAX_HEADS, &o->kv_heads))
+                return -1;
+            break;
+        case OPT_HEAD_DIM:
+            if (parse_int(optarg, "--head-dim", 1, CLI_MAX_HEAD_DIM, &o->head_dim))
+                return -1;
+            break;
         case OPT_DTYPE:
             if (parse_dtype(optarg, &o->dtype))
                 return -1;
@@ -212,12 +231,36 @@ static int parse_options(int argc, char **argv, options *o)
             break;
         case OPT_CAUSAL: o->causal = 1; o->given |= OPTION_CAUSAL; break;
         case OPT_NO_CAUSAL: o->causal = 0; o->given |= OPTION_CAUSAL; break;
-        case OPT_WL: if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left)) return -1; o->given |= OPTION_WINDOW_LEFT; break;
-        case OPT_WR: if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right)) return -1; o->given |= OPTION_WINDOW_RIGHT; break;
-        case OPT_SCALE: if (parse_double(optarg, "--scale", &o->scale)) return -1; o->given |= OPTION_SCALE; break;
-        case OPT_SOFTCAP: if (parse_double(optarg, "--softcap", &o->softcap)) return -1; o->given |= OPTION_SOFTCAP; break;
-        case OPT_DROPOUT: if (parse_double(optarg, "--dropout", &o->dropout)) return -1; o->given |= OPTION_DROPOUT; break;
-        case OPT_SEED: if (parse_u64(optarg, "--seed", &o->seed)) return -1; o->given |= OPTION_SEED; break;
+        case OPT_WL:
+            o->given |= OPTION_WINDOW_LEFT;
+            if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left))
+                return -1;
+            break;
+        case OPT_WR:
+            o->given |= OPTION_WINDOW_RIGHT;
+            if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right))
+                return -1;
+            break;
+        case OPT_SCALE:
+            o->given |= OPTION_SCALE;
+            if (parse_double(optarg, "--scale", &o->scale))
+                return -1;
+            break;
+        case OPT_SOFTCAP:
+            o->given |= OPTION_SOFTCAP;
+            if (parse_double(optarg, "--softcap", &o->softcap))
+                return -1;
+            break;
+        case OPT_DROPOUT:
+            o->given |= OPTION_DROPOUT;
+            if (parse_double(optarg, "--dropout", &o->dropout))
+                return -1;
+            break;
+        case OPT_SEED:
+            o->given |= OPTION_SEED;
+            if (parse_u64(optarg, "--seed", &o->seed))
+                return -1;
+            break;
         case OPT_DEVICE:
             if (!strcmp(optarg, "cpu"))
                 o->device = FMHA_DEVICE_CPU;
@@ -785,7 +828,8 @@ static int run_file(const options *o)
         }
         free(reflse);
     }
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, packed, lse, kernel, NULL, &cfg, oo.seed))
+    if (rc == 0 && o->output &&
+        write_outputs(o->output, &a.out, packed, lse, kernel, NULL, &cfg, oo.seed))
         rc = 1;
 done:
     free(outbuf);
@@ -932,7 +976,8 @@ static int run_model(const options *o)
         free(ref);
     }
     /* FP8 runs save their bf16 source: `fmha run OUT --dtype fp8 --check` reruns it. */
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &src, &cfg, o->seed))
+    if (rc == 0 && o->output &&
+        write_outputs(o->output, &a.out, 0, lse, kernel, &src, &cfg, o->seed))
         rc = 1;
 done:
     fp8_args_free(&f8);

@@ -57,6 +57,57 @@ expect 0 "all rows against the float64 reference.*: ok" -- "$FMHA" run "$T/flux.
 [ -f "$T/again.safetensors" ] && ok || bad "run FILE -o wrote no file"
 expect 0 ": ok" -- "$FMHA" run "$T/flux.safetensors" --check --causal --threads 1
 
+# ---- a file records its run's options: a causal preset re-runs causal
+expect 0 "wrote" -- "$FMHA" run --model llama3-8b --seqlen 100 -o "$T/llama.safetensors"
+expect 0 "options from .*llama.safetensors's metadata: causal 1, window_left -1" -- "$FMHA" run "$T/llama.safetensors" --check -o "$T/llama_again.safetensors"
+expect 0 "metadata: window_left -1" -- "$FMHA" run "$T/llama.safetensors" --no-causal --check
+expect 0 "metadata: causal 0" -- "$FMHA" run "$T/flux.safetensors" --check
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$T/llama.safetensors" "$T/llama_again.safetensors" <<'EOF2' && ok || bad "re-run of a causal preset's file differs from its output"
+import json, struct, sys
+def tensor(path, name):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    b, e = h[name]["data_offsets"]
+    return h["__metadata__"], raw[8 + n + b:8 + n + e]
+meta, out1 = tensor(sys.argv[1], "out")
+_, out2 = tensor(sys.argv[2], "out")
+assert meta["fmha.causal"] == "1", meta
+assert out1 == out2, "outputs differ"
+EOF2
+fi
+python3 - "$T/llama.safetensors" "$T/badmeta.safetensors" <<'EOF2' 2>/dev/null
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+h["__metadata__"]["fmha.causal"] = "yes"
+hb = json.dumps(h).encode()
+hb += b" " * ((8 - len(hb) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + raw[8 + n:])
+EOF2
+[ -f "$T/badmeta.safetensors" ] && expect 1 "metadata fmha.causal = 'yes' is not a valid value" -- "$FMHA" run "$T/badmeta.safetensors" --check
+
+# ---- non-finite inputs: reported by --check (which fails), refused by --check-finite
+python3 - "$T/flux.safetensors" "$T/nan.safetensors" <<'EOF2' 2>/dev/null
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+b = h["k"]["data_offsets"][0]
+raw[8 + n + b + 2 * 7:8 + n + b + 2 * 7 + 2] = b"\xc0\x7f"  # bf16 NaN at k[0, 0, 0, 7]
+open(sys.argv[2], "wb").write(bytes(raw))
+EOF2
+if [ -f "$T/nan.safetensors" ]; then
+    expect 1 "non-finite input: k holds 1 NaN/inf value (first k\[0, 0, 0, 7\] = nan)" -- "$FMHA" run "$T/nan.safetensors" --check
+    expect 1 "check: FAILED: the inputs hold 1 non-finite values" -- env FMHA_CPU_ISA=avx2 "$FMHA" run "$T/nan.safetensors" --check
+    expect 1 "non-finite outputs" -- env FMHA_CPU_ISA=scalar "$FMHA" run "$T/nan.safetensors" --check
+    expect 1 "--check-finite: .*nan.safetensors holds 1 non-finite input values; nothing was run" -- "$FMHA" run "$T/nan.safetensors" --check-finite -o "$T/nan_out.safetensors"
+    [ ! -e "$T/nan_out.safetensors" ] && ok || bad "--check-finite wrote an output"
+    expect 0 "check-finite: q, k, v hold no NaN or inf" -- "$FMHA" run "$T/flux.safetensors" --check-finite
+fi
+
 # ---- packed (varlen) input made by hand: three sequences, one empty
 if command -v python3 >/dev/null 2>&1; then
     python3 "$SRC/tests/make_packed.py" "$T/packed.safetensors" && ok || bad "make_packed.py failed"
@@ -80,6 +131,21 @@ head -c 100 "$T/flux.safetensors" > "$T/truncated.safetensors"
 expect 1 "cannot read" -- "$FMHA" run "$T/truncated.safetensors" -o "$T/x.safetensors"
 [ ! -e "$T/x.safetensors" ] && ok || bad "an output file appeared after a failed run"
 expect 2 "needs -o" -- "$FMHA" run "$T/flux.safetensors"
+
+# ---- an output that would destroy something is refused before the run
+cp "$T/flux.safetensors" "$T/keep.safetensors"
+expect 2 "is the same file as input.*give another output path" -- "$FMHA" run "$T/keep.safetensors" -o "$T/keep.safetensors"
+ln -s "$T/keep.safetensors" "$T/keep_link.safetensors"
+ln "$T/keep.safetensors" "$T/keep_hard.safetensors"
+expect 2 "same file as input" -- "$FMHA" run "$T/keep.safetensors" -o "$T/keep_link.safetensors"
+expect 2 "same file as input" -- "$FMHA" run "$T/keep_link.safetensors" -o "$T/keep_hard.safetensors"
+cmp -s "$T/flux.safetensors" "$T/keep.safetensors" && ok || bad "run FILE -o FILE changed its input"
+# (a FIFO stands for /dev/null, which a broken build run as root would replace)
+mkfifo "$T/fifo"
+expect 2 "fifo exists and is a FIFO, not a regular file" -- "$FMHA" run --model flux-1024 --seqlen 32 -o "$T/fifo"
+[ -p "$T/fifo" ] && ok || bad "the FIFO was replaced by a file"
+mkdir "$T/outdir"
+expect 2 "is a directory, not a regular file" -- "$FMHA" run --model flux-1024 --seqlen 32 -o "$T/outdir"
 if "$FMHA" info | grep -q "^gpu 0"; then
     expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 300 --device cuda
 else
@@ -88,6 +154,26 @@ else
 fi
 expect 1 "dropout_p (1.5) must be in \[0, 1)" -- "$FMHA" run --model flux-1024 --seqlen 32 --dropout 1.5
 expect 2 "not an integer" -- "$FMHA" run --model flux-1024 --seqlen abc
+
+# ---- every numeric flag: range-checked, the flag, value and range named
+expect 2 "--iters 2147483648 is out of range: allowed 1 to 1000000" -- "$FMHA" bench --seqlen 64 --heads 1 --head-dim 32 --iters 2147483648
+expect 2 "--iters -1 is out of range" -- "$FMHA" bench --seqlen 64 --iters -1
+expect 2 "--threads 4294967297 is out of range: allowed 0 to 4096" -- "$FMHA" run --model flux-1024 --seqlen 32 --threads 4294967297
+expect 2 "--seqlen 99999999999999999999 is out of range: allowed 1 to 2147483647" -- "$FMHA" run --model flux-1024 --seqlen 99999999999999999999
+expect 2 "--seqlen-k 2147483648 is out of range" -- "$FMHA" bench --seqlen 64 --seqlen-k 2147483648
+expect 2 "--batch 0 is out of range: allowed 1 to" -- "$FMHA" run --model flux-1024 --batch 0
+expect 2 "--heads 65537 is out of range: allowed 1 to 65536" -- "$FMHA" bench --heads 65537
+expect 2 "--kv-heads 0 is out of range" -- "$FMHA" bench --kv-heads 0
+expect 2 "--head-dim 9223372036854775807 is out of range" -- "$FMHA" bench --head-dim 9223372036854775807
+expect 2 "--window-left -2 is out of range: allowed -1 to" -- "$FMHA" run --model flux-1024 --window-left -2
+expect 2 "--window-right '1e3' is not an integer (allowed: -1 to" -- "$FMHA" run --model flux-1024 --window-right 1e3
+expect 2 "--seed '-1' is not an unsigned integer" -- "$FMHA" run --model flux-1024 --seed -1
+expect 2 "--seed 18446744073709551616 is out of range" -- "$FMHA" run --model flux-1024 --seed 18446744073709551616
+expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 32 --seed 18446744073709551615
+expect 2 "--scale 'inf' is not a finite number" -- "$FMHA" run --model flux-1024 --scale inf
+expect 1 "q \[2147483647, 2147483647, 16, 128\] has more than 2^60 elements" -- "$FMHA" bench --batch 2147483647 --seqlen 2147483647
+expect 1 "has more than 2^60 elements" -- "$FMHA" run --model llama3-8b --batch 2147483647 --seqlen 2147483647
+expect 0 "GFLOP/s" -- "$FMHA" bench --seqlen 64 --heads 1 --head-dim 32 --iters 300
 expect 1 "FMHA_CPU_ISA=sse9" -- env FMHA_CPU_ISA=sse9 "$FMHA" run --model flux-1024 --seqlen 32
 
 # ---- FP8: a bf16 source quantized per tensor, checked on the dequantized inputs
@@ -123,6 +209,10 @@ expect 1 "num_heads (28) must be a multiple of num_kv_heads (6): each KV head se
 expect 1 "16" -- "$FMHA" check "$T/more_kv.json"
 expect 1 "2000" -- "$FMHA" check "$T/hidden.json"
 expect 1 "" -- "$FMHA" check "$T/missing.json"
+cat > "$T/huge.json" <<'EOF2'
+{"num_attention_heads": 9007199254740992, "head_dim": 128}
+EOF2
+expect 1 "num_attention_heads is 9007199254740992, too large: at most 2147483647" -- "$FMHA" check "$T/huge.json"
 
 # ---- bench: one JSON object per case with the agreed keys
 if command -v python3 >/dev/null 2>&1; then

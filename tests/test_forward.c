@@ -93,6 +93,138 @@ static void test_dropout_statistics(tu_rng *r)
     tu_tensor_free(&o3);
 }
 
+/* Large but finite scores: the row maximum of scale * q k must give its own
+ * key exactly 2^0 (a product rounded one way for the maximum and fused into
+ * the subtraction the other way once left 2^(positive remainder), which
+ * overflowed, and zeroed 68 of 128 rows at softmax_scale 1e10). Unit inputs
+ * at scales 1e6..1e30, and f32 inputs of size 3e4 with k = q (each query's
+ * score with its own key is the largest, ~6e10). */
+static void test_large_scores(tu_rng *r, fmha_cpu_isa isa)
+{
+    const int64_t s = 128, d = 64;
+    for (int variant = 0; variant < 5; variant++) {
+        fmha_config cfg;
+        fmha_config_init(&cfg, 1, 1, d);
+        cfg.dtype = FMHA_DTYPE_F32;
+        cfg.cpu_isa = isa;
+        const double scales[] = {1e6, 1e10, 1e20, 1e30};
+        const int big = variant == 4;
+        cfg.softmax_scale = big ? 0.0 : scales[variant];
+        tu_tensor q, k, v, o, ref;
+        tu_tensor_init(&q, cfg.dtype, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&k, cfg.dtype, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&v, cfg.dtype, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&o, cfg.dtype, 1, s, 1, d, 0, 0xFF);
+        tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, s, 1, d, 0, 0);
+        tu_fill_normal(&q, r, big ? 3e4 : 1);
+        tu_fill_normal(&k, r, 1);
+        tu_fill_normal(&v, r, 1);
+        if (big)
+            memcpy(k.alloc, q.alloc, q.alloc_bytes);
+        fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t};
+        TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "large scores: %s", fmha_last_error());
+        a.out = ref.t;
+        TU_CHECK(fmha_reference_forward(&cfg, &a) == FMHA_STATUS_OK, "reference: %s",
+                 fmha_last_error());
+        int64_t zero_rows = 0;
+        for (int64_t i = 0; i < s; i++) {
+            double n2 = 0;
+            for (int64_t c = 0; c < d; c++)
+                n2 += tu_get(&o, 0, i, 0, c) * tu_get(&o, 0, i, 0, c);
+            zero_rows += n2 == 0;
+        }
+        const double err = tu_rel_l2(&o, &ref);
+        TU_CHECK(err < 1e-5 && zero_rows == 0,
+                 "isa %s, %s %g: relative L2 %.3g against the reference, %lld of %lld rows zero",
+                 fmha_cpu_isa_name(isa), big ? "inputs 3e4, k = q, scale" : "unit inputs, scale",
+                 big ? 1 / sqrt((double)d) : cfg.softmax_scale, err, (long long)zero_rows,
+                 (long long)s);
+        tu_tensor_free(&q);
+        tu_tensor_free(&k);
+        tu_tensor_free(&v);
+        tu_tensor_free(&o);
+        tu_tensor_free(&ref);
+    }
+}
+
+/* The non-finite policy (docs/reliability.md), on every ISA: a NaN or +inf
+ * score makes its output row NaN; a -inf score is a key of weight 0; a
+ * non-finite v element makes its column non-finite in the rows that see its
+ * key; rows that read no non-finite value are exact. AVX2/AVX-512 returned
+ * zero rows for NaN in q or k (exp2(NaN) was 0), the scalar kernel NaN. */
+static void test_non_finite(tu_rng *r, fmha_cpu_isa isa, fmha_dtype dt)
+{
+    const int64_t s = 100, d = 32, H = 2, J = 70; /* J: a key in the second 64-key block */
+    for (int kind = 0; kind < 4; kind++) {
+        fmha_config cfg;
+        fmha_config_init(&cfg, H, 1, d);
+        cfg.dtype = dt;
+        cfg.cpu_isa = isa;
+        cfg.causal = kind > 0; /* rows < J do not see key J */
+        tu_tensor q, k, v, o, ref;
+        tu_tensor_init(&q, dt, 1, s, H, d, 0, 0);
+        tu_tensor_init(&k, dt, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&v, dt, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&o, FMHA_DTYPE_F32, 1, s, H, d, 0, 0xFF);
+        tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, s, H, d, 0, 0);
+        tu_fill_normal(&q, r, 1);
+        tu_fill_normal(&k, r, 1);
+        tu_fill_normal(&v, r, 1);
+        const char *what[4] = {"NaN in q[5, head 1]", "NaN in k[70]", "+inf in k[70, 3]",
+                               "NaN in v[70, 5]"};
+        if (kind == 0)
+            tu_set(&q, 0, 5, 1, 3, NAN);
+        else if (kind == 1)
+            tu_set(&k, 0, J, 0, 3, NAN);
+        else if (kind == 2)
+            tu_set(&k, 0, J, 0, 3, INFINITY);
+        else
+            tu_set(&v, 0, J, 0, 5, NAN);
+        fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t};
+        TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "%s: %s", what[kind],
+                 fmha_last_error());
+        a.out = ref.t;
+        TU_CHECK(fmha_reference_forward(&cfg, &a) == FMHA_STATUS_OK, "reference: %s",
+                 fmha_last_error());
+        const double tol = dt == FMHA_DTYPE_F32 ? 1e-4 : 5e-2;
+        int64_t wrong = 0, first_i = -1, first_h = -1;
+        for (int64_t i = 0; i < s; i++)
+            for (int64_t h = 0; h < H; h++) {
+                /* 1: the whole row must be NaN; 2: column 5 non-finite, the rest exact;
+                 * 0: exact; -1: not checked (CPU rows sharing key J's block, kind 3) */
+                int want = 0;
+                if (kind == 0 && i == 5 && h == 1)
+                    want = 1;
+                if (kind == 1 && i >= J)
+                    want = 1;
+                if (kind == 2 && i >= J && tu_get(&q, 0, i, h, 3) > 0)
+                    want = 1; /* +inf score; q < 0 gives -inf: weight 0 */
+                if (kind == 3 && i >= J)
+                    want = 2;
+                if (kind == 3 && i >= 64 && i < J)
+                    want = -1;
+                int ok = 1;
+                for (int64_t c = 0; c < d && want >= 0; c++) {
+                    const double x = tu_get(&o, 0, i, h, c), y = tu_get(&ref, 0, i, h, c);
+                    if (want == 1 || (want == 2 && c == 5))
+                        ok &= want == 1 ? isnan(x) : !isfinite(x);
+                    else
+                        ok &= isfinite(x) && fabs(x - y) <= tol;
+                }
+                if (!ok && wrong++ == 0)
+                    first_i = i, first_h = h;
+            }
+        TU_CHECK(wrong == 0, "isa %s, %s inputs, %s: %lld rows break the policy (first: row %lld "
+                 "head %lld)", fmha_cpu_isa_name(isa), fmha_dtype_name(dt), what[kind],
+                 (long long)wrong, (long long)first_i, (long long)first_h);
+        tu_tensor_free(&q);
+        tu_tensor_free(&k);
+        tu_tensor_free(&v);
+        tu_tensor_free(&o);
+        tu_tensor_free(&ref);
+    }
+}
+
 int main(int argc, char **argv)
 {
     /* FMHA_TEST_CASES trims the run for slow builds (sanitizers). */
@@ -124,6 +256,11 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nisa; i++)
         test_thread_independence(&rng, isas[i]);
+    for (int i = 0; i < nisa; i++) {
+        test_large_scores(&rng, isas[i]);
+        test_non_finite(&rng, isas[i], FMHA_DTYPE_F32);
+        test_non_finite(&rng, isas[i], FMHA_DTYPE_BF16);
+    }
     test_dropout_statistics(&rng);
     return tu_summary();
 }

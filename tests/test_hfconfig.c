@@ -177,7 +177,21 @@ int main(void)
     ERR("huge head_dim cannot overflow",
         "{\"hidden_size\":4096,\"num_attention_heads\":9007199254740992,"
         "\"head_dim\":9007199254740992}",
-        "does not equal hidden_size (4096)");
+        "num_attention_heads is 9007199254740992, too large: at most 2147483647 (2^31 - 1)");
+    /* Sizes no model has were accepted (fmha check printed 2^53 heads). */
+    ERR("2^53 heads", "{\"num_attention_heads\":9007199254740992,\"head_dim\":128}",
+        "num_attention_heads is 9007199254740992, too large: at most 2147483647");
+    ERR("2^31 heads", "{\"num_attention_heads\":2147483648,\"head_dim\":128}",
+        "num_attention_heads is 2147483648, too large");
+    ERR("2^60 head_dim", "{\"num_attention_heads\":8,\"head_dim\":1152921504606846976}",
+        "head_dim is 1152921504606846976, too large");
+    ERR("1e300 kv heads",
+        "{\"num_attention_heads\":8,\"num_key_value_heads\":1e300,\"head_dim\":64}",
+        "num_key_value_heads is 1e+300, too large");
+    ERR("-1e300 heads", "{\"num_attention_heads\":-1e300,\"head_dim\":64}",
+        "num_attention_heads is -1e+300; it must be a positive integer");
+    ERR("2^53 + 0.5 is no integer", "{\"num_attention_heads\":2.5e15,\"head_dim\":64}",
+        "num_attention_heads is 2500000000000000, too large");
     ERR("mismatched dim (alias names in message)",
         "{\"dim\":3840,\"n_heads\":30,\"head_dim\":64}",
         "head_dim (64) x n_heads (30) does not equal dim (3840)");

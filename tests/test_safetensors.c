@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char g_dir[64];
@@ -116,7 +117,7 @@ static int count_temp_files(const char *dir)
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL)
-        if (strstr(e->d_name, ".tmp.") != NULL)
+        if (strstr(e->d_name, ".tmp.") != NULL || strstr(e->d_name, ".fmha-tmp.") != NULL)
             n++;
     closedir(d);
     return n;
@@ -500,6 +501,10 @@ static void test_corrupt(void)
     BAD_HEADER("no dtype", "{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "no \"dtype\"");
 
     /* shape. */
+    /* A dim past 2^53 is too large, not "not an integer". */
+    BAD_HEADER("dim 2^60",
+               "{\"a\":{\"dtype\":\"U8\",\"shape\":[1152921504606846976],\"data_offsets\":[0,0]}}",
+               0, "\"a\": shape[0] = 1152921504606846976 is too large: a dim must be at most 2^53");
     BAD_HEADER("negative dim",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1,2],\"data_offsets\":[0,8]}}", 8,
                "\"a\": shape[0] = -1 is not a non-negative integer");
@@ -733,7 +738,7 @@ static void test_write_failures(void)
         free(blob);
     }
 
-    /* rename() fails: the target is a non-empty directory, which stays. */
+    /* A directory at the path is refused before anything is written. */
     {
         const char *dir = tpath("adir");
         mkdir(dir, 0755);
@@ -742,12 +747,83 @@ static void test_write_failures(void)
         write_bytes(inner, "k", 1);
         st = st_write(dir, x.t, x.count, NULL, err, sizeof err);
         struct stat sb;
-        CHECK(st == ST_ERR_IO && strstr(err, "cannot rename") && stat(inner, &sb) == 0 &&
-                  count_temp_files(g_dir) == 0,
-              "rename over a directory fails cleanly: %s %s", st_status_string(st), err);
+        CHECK(st == ST_ERR_ARG && strstr(err, "is a directory, not a regular file") &&
+                  stat(inner, &sb) == 0 && count_temp_files(g_dir) == 0,
+              "a directory as output is refused: %s %s", st_status_string(st), err);
         unlink(inner);
         rmdir(dir);
     }
+}
+
+/* Outputs that would destroy something: a non-regular file (a device node
+ * would be replaced by a regular file when run as root), and an input, by
+ * its own name, a hard link or a symlink. */
+static void test_output_guard(void)
+{
+    fixture x;
+    make_fixture(&x);
+    char err[512] = "";
+    st_status st = st_check_output("/dev/null", NULL, err, sizeof err);
+    CHECK(st == ST_ERR_ARG && strstr(err, "/dev/null exists and is a character device"),
+          "/dev/null refused: %s %s", st_status_string(st), err);
+    /* Written to, a FIFO stands for a device node (replacing /dev/null in a
+     * test run as root would break the machine when the check regresses). */
+    struct stat sb;
+    const char *fifo = tpath("fifo");
+    CHECK(mkfifo(fifo, 0644) == 0, "mkfifo: %s", strerror(errno));
+    st = st_write(fifo, x.t, x.count, NULL, err, sizeof err);
+    CHECK(st == ST_ERR_ARG && strstr(err, "is a FIFO, not a regular file") && stat(fifo, &sb) == 0 &&
+              S_ISFIFO(sb.st_mode) && count_temp_files(g_dir) == 0,
+          "st_write refuses a FIFO and leaves it one: %s %s", st_status_string(st), err);
+    unlink(fifo);
+
+    const char *in = tpath("in.safetensors");
+    CHECK(st_write(in, x.t, x.count, NULL, err, sizeof err) == ST_OK, "write input: %s", err);
+    const char *inputs[] = {in, NULL};
+    st = st_check_output(in, inputs, err, sizeof err);
+    CHECK(st == ST_ERR_ARG && strstr(err, "is the same file as input") &&
+              strstr(err, "give another output path"),
+          "output = input refused: %s %s", st_status_string(st), err);
+    const char *hard = tpath("hard.safetensors"), *soft = tpath("soft.safetensors");
+    CHECK(link(in, hard) == 0 && symlink(in, soft) == 0, "make links: %s", strerror(errno));
+    CHECK(st_check_output(hard, inputs, err, sizeof err) == ST_ERR_ARG, "hard link refused");
+    CHECK(st_check_output(soft, inputs, err, sizeof err) == ST_ERR_ARG, "symlink refused");
+    const char *via_soft[] = {soft, NULL};
+    CHECK(st_check_output(in, via_soft, err, sizeof err) == ST_ERR_ARG,
+          "input named through a symlink refused");
+    CHECK(st_check_output(tpath("new.safetensors"), inputs, err, sizeof err) == ST_OK,
+          "a new path is fine: %s", err);
+    unlink(hard);
+    unlink(soft);
+    unlink(in);
+}
+
+/* A write killed before its rename leaves DIR/.BASE.fmha-tmp.PID; the next
+ * write to BASE removes it when PID is gone, and keeps a live writer's. */
+static void test_stale_temps(void)
+{
+    fixture x;
+    make_fixture(&x);
+    char err[512];
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    waitpid(child, NULL, 0); /* a pid that ran and is gone */
+    char dead[300], live[300], other[300];
+    snprintf(dead, sizeof dead, "%s/.out.safetensors.fmha-tmp.%ld", g_dir, (long)child);
+    snprintf(live, sizeof live, "%s/.out.safetensors.fmha-tmp.%ld", g_dir, (long)getppid());
+    snprintf(other, sizeof other, "%s/.other.safetensors.fmha-tmp.%ld", g_dir, (long)child);
+    write_bytes(dead, "partial", 7);
+    write_bytes(live, "partial", 7);
+    write_bytes(other, "partial", 7);
+    CHECK(st_write(tpath("out.safetensors"), x.t, x.count, NULL, err, sizeof err) == ST_OK,
+          "write: %s", err);
+    CHECK(access(dead, F_OK) != 0, "a dead writer's temp file is removed");
+    CHECK(access(live, F_OK) == 0, "a live writer's temp file is kept");
+    CHECK(access(other, F_OK) == 0, "another output's temp file is kept");
+    unlink(live);
+    unlink(other);
+    unlink(tpath("out.safetensors"));
 }
 
 static void remove_dir(const char *dir)
@@ -778,6 +854,8 @@ int main(void)
     test_round_trip();
     test_corrupt();
     test_write_failures();
+    test_output_guard();
+    test_stale_temps();
     remove_dir(g_dir);
     return tu_summary();
 }

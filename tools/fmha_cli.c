@@ -31,6 +31,10 @@ static const char usage_text[] =
     "  run [IN.safetensors -o OUT.safetensors] [--model PRESET] [--seqlen N] [--batch B]\n"
     "      [--dtype f32|f16|bf16|fp8] [--causal] [--window-left N] [--window-right N] [--scale S]\n"
     "      [--softcap C] [--dropout P --seed N] [--device cpu|cuda] [--threads N] [--check]\n"
+    "      [--no-causal] [--check-finite]   --check-finite refuses q, k, v holding NaN or\n"
+    "      inf (--check reports them and fails). OUT records the run's options (mask, scale,\n"
+    "      softcap, dropout, seed) in its metadata; `fmha run OUT` uses them where the command\n"
+    "      line gives none.\n"
     "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
     "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
     "      (dtype of q) and lse (F32). Without IN, runs a model preset (default " FMHA_DEFAULT_PRESET
@@ -71,16 +75,63 @@ typedef struct options {
     double scale, softcap, dropout;
     uint64_t seed;
     fmha_device device;
-    int threads, check, json, iters;
+    int threads, check, json, iters, check_finite;
+    unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } options;
 
-static int parse_int(const char *s, const char *name, int64_t min, int64_t *out)
+/* The run options a written file records in its metadata (meta_options). */
+enum {
+    OPTION_CAUSAL = 1u << 0, OPTION_WINDOW_LEFT = 1u << 1, OPTION_WINDOW_RIGHT = 1u << 2,
+    OPTION_SCALE = 1u << 3, OPTION_SOFTCAP = 1u << 4, OPTION_DROPOUT = 1u << 5,
+    OPTION_SEED = 1u << 6
+};
+
+/* Ranges of the integer flags. Sizes stay within int32 (cu_seqlens are I32,
+ * and a bigger one could not be allocated anyway); products of sizes are
+ * checked where buffers are sized (elems). */
+#define CLI_MAX_SEQLEN 2147483647LL
+#define CLI_MAX_BATCH 2147483647LL
+#define CLI_MAX_HEADS 65536LL
+#define CLI_MAX_HEAD_DIM 65536LL
+#define CLI_MAX_WINDOW 2147483647LL
+#define CLI_MAX_THREADS 4096LL
+#define CLI_MAX_ITERS 1000000LL
+
+/* A decimal integer in [min, max]; otherwise a message naming the flag, the
+ * value and the range. */
+static int parse_int(const char *s, const char *name, int64_t min, int64_t max, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < min) {
-        fprintf(stderr, "fmha: %s '%s' is not an integer >= %lld\n", name, s, (long long)min);
+    if (!*s || *end) {
+        fprintf(stderr, "fmha: %s '%s' is not an integer (allowed: %lld to %lld)\n", name, s,
+                (long long)min, (long long)max);
+        return -1;
+    }
+    if (errno == ERANGE || v < min || v > max) {
+        fprintf(stderr, "fmha: %s %s is out of range: allowed %lld to %lld\n", name, s,
+                (long long)min, (long long)max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* --seed: any 64-bit unsigned value. */
+static int parse_u64(const char *s, const char *name, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || *s == '-' || *s == '+') {
+        fprintf(stderr, "fmha: %s '%s' is not an unsigned integer (allowed: 0 to %llu)\n", name,
+                s, (unsigned long long)UINT64_MAX);
+        return -1;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "fmha: %s %s is out of range: allowed 0 to %llu\n", name, s,
+                (unsigned long long)UINT64_MAX);
         return -1;
     }
     *out = v;
@@ -116,7 +167,7 @@ static int parse_dtype(const char *s, fmha_dtype *out)
 enum {
     OPT_MODEL = 256, OPT_SEQLEN, OPT_SEQLEN_K, OPT_BATCH, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM,
     OPT_DTYPE, OPT_CAUSAL, OPT_WL, OPT_WR, OPT_SCALE, OPT_SOFTCAP, OPT_DROPOUT, OPT_SEED,
-    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS
+    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS, OPT_NO_CAUSAL, OPT_CHECK_FINITE
 };
 
 static int parse_options(int argc, char **argv, options *o)
@@ -128,6 +179,8 @@ static int parse_options(int argc, char **argv, options *o)
         {"kv-heads", required_argument, 0, OPT_KV_HEADS},
         {"head-dim", required_argument, 0, OPT_HEAD_DIM},
         {"dtype", required_argument, 0, OPT_DTYPE}, {"causal", no_argument, 0, OPT_CAUSAL},
+        {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
+        {"check-finite", no_argument, 0, OPT_CHECK_FINITE},
         {"window-left", required_argument, 0, OPT_WL},
         {"window-right", required_argument, 0, OPT_WR},
         {"scale", required_argument, 0, OPT_SCALE}, {"softcap", required_argument, 0, OPT_SOFTCAP},
@@ -147,27 +200,66 @@ static int parse_options(int argc, char **argv, options *o)
         switch (c) {
         case 'o': o->output = optarg; break;
         case OPT_MODEL: o->model = optarg; break;
-        case OPT_SEQLEN: if (parse_int(optarg, "--seqlen", 1, &o->seqlen)) return -1; break;
-        case OPT_SEQLEN_K: if (parse_int(optarg, "--seqlen-k", 1, &o->seqlen_k)) return -1; break;
-        case OPT_BATCH: if (parse_int(optarg, "--batch", 1, &o->batch)) return -1; break;
-        case OPT_HEADS: if (parse_int(optarg, "--heads", 1, &o->heads)) return -1; break;
-        case OPT_KV_HEADS: if (parse_int(optarg, "--kv-heads", 1, &o->kv_heads)) return -1; break;
-        case OPT_HEAD_DIM: if (parse_int(optarg, "--head-dim", 1, &o->head_dim)) return -1; break;
+        case OPT_SEQLEN:
+            if (parse_int(optarg, "--seqlen", 1, CLI_MAX_SEQLEN, &o->seqlen))
+                return -1;
+            break;
+        case OPT_SEQLEN_K:
+            if (parse_int(optarg, "--seqlen-k", 1, CLI_MAX_SEQLEN, &o->seqlen_k))
+                return -1;
+            break;
+        case OPT_BATCH:
+            if (parse_int(optarg, "--batch", 1, CLI_MAX_BATCH, &o->batch))
+                return -1;
+            break;
+        case OPT_HEADS:
+            if (parse_int(optarg, "--heads", 1, CLI_MAX_HEADS, &o->heads))
+                return -1;
+            break;
+        case OPT_KV_HEADS:
+            if (parse_int(optarg, "--kv-heads", 1, CLI_MAX_HEADS, &o->kv_heads))
+                return -1;
+            break;
+        case OPT_HEAD_DIM:
+            if (parse_int(optarg, "--head-dim", 1, CLI_MAX_HEAD_DIM, &o->head_dim))
+                return -1;
+            break;
         case OPT_DTYPE:
             if (parse_dtype(optarg, &o->dtype))
                 return -1;
             o->dtype_set = 1;
             break;
-        case OPT_CAUSAL: o->causal = 1; break;
-        case OPT_WL: if (parse_int(optarg, "--window-left", -1, &o->window_left)) return -1; break;
-        case OPT_WR: if (parse_int(optarg, "--window-right", -1, &o->window_right)) return -1; break;
-        case OPT_SCALE: if (parse_double(optarg, "--scale", &o->scale)) return -1; break;
-        case OPT_SOFTCAP: if (parse_double(optarg, "--softcap", &o->softcap)) return -1; break;
-        case OPT_DROPOUT: if (parse_double(optarg, "--dropout", &o->dropout)) return -1; break;
-        case OPT_SEED:
-            if (parse_int(optarg, "--seed", 0, &v))
+        case OPT_CAUSAL: o->causal = 1; o->given |= OPTION_CAUSAL; break;
+        case OPT_NO_CAUSAL: o->causal = 0; o->given |= OPTION_CAUSAL; break;
+        case OPT_WL:
+            o->given |= OPTION_WINDOW_LEFT;
+            if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left))
                 return -1;
-            o->seed = (uint64_t)v;
+            break;
+        case OPT_WR:
+            o->given |= OPTION_WINDOW_RIGHT;
+            if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right))
+                return -1;
+            break;
+        case OPT_SCALE:
+            o->given |= OPTION_SCALE;
+            if (parse_double(optarg, "--scale", &o->scale))
+                return -1;
+            break;
+        case OPT_SOFTCAP:
+            o->given |= OPTION_SOFTCAP;
+            if (parse_double(optarg, "--softcap", &o->softcap))
+                return -1;
+            break;
+        case OPT_DROPOUT:
+            o->given |= OPTION_DROPOUT;
+            if (parse_double(optarg, "--dropout", &o->dropout))
+                return -1;
+            break;
+        case OPT_SEED:
+            o->given |= OPTION_SEED;
+            if (parse_u64(optarg, "--seed", &o->seed))
+                return -1;
             break;
         case OPT_DEVICE:
             if (!strcmp(optarg, "cpu"))
@@ -180,14 +272,15 @@ static int parse_options(int argc, char **argv, options *o)
             }
             break;
         case OPT_THREADS:
-            if (parse_int(optarg, "--threads", 0, &v))
+            if (parse_int(optarg, "--threads", 0, CLI_MAX_THREADS, &v))
                 return -1;
             o->threads = (int)v;
             break;
         case OPT_CHECK: o->check = 1; break;
+        case OPT_CHECK_FINITE: o->check_finite = 1; break;
         case OPT_JSON: o->json = 1; break;
         case OPT_ITERS:
-            if (parse_int(optarg, "--iters", 1, &v))
+            if (parse_int(optarg, "--iters", 1, CLI_MAX_ITERS, &v))
                 return -1;
             o->iters = (int)v;
             break;
@@ -202,6 +295,29 @@ static int parse_options(int argc, char **argv, options *o)
         return -1;
     }
     return 0;
+}
+
+/* Whether a [a, b, c, d] tensor's elements, at 8 bytes each, fit int64 (and
+ * so every size computed from its dims); otherwise says which and returns 0. */
+static int shape_fits(const char *what, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    int64_t n;
+    if (!__builtin_mul_overflow(a, b, &n) && !__builtin_mul_overflow(n, c, &n) &&
+        !__builtin_mul_overflow(n, d, &n) && n <= INT64_MAX / 8)
+        return 1;
+    fprintf(stderr,
+            "fmha: %s [%lld, %lld, %lld, %lld] has more than 2^60 elements, too many to "
+            "allocate: use a smaller batch, sequence length or head count\n",
+            what, (long long)a, (long long)b, (long long)c, (long long)d);
+    return 0;
+}
+
+/* q, k/v and out of a padded problem (lse is [b, h, sq], smaller than q). */
+static int problem_fits(int64_t batch, int64_t sq, int64_t sk, int64_t heads, int64_t kv,
+                        int64_t d, int64_t dv)
+{
+    return shape_fits("q", batch, sq, heads, d) && shape_fits("k", batch, sk, kv, d) &&
+           shape_fits("v", batch, sk, kv, dv) && shape_fits("out", batch, sq, heads, dv);
 }
 
 static void config_from_options(const options *o, fmha_config *cfg, int64_t heads, int64_t kv,
@@ -353,6 +469,40 @@ static int report_check(const errstats *e, fmha_dtype out, int p_e4m3, const cha
     return ok ? 0 : 1;
 }
 
+/* ---------------------------------------------------- non-finite inputs */
+
+/* Counts the NaN and +-inf elements of q, k and v and prints each tensor
+ * that has some, with the first one's index (docs/reliability.md says what
+ * they produce). One pass over the inputs; returns the total. */
+static int64_t report_nonfinite(const fmha_forward_args *a)
+{
+    const fmha_tensor *ts[3] = {&a->q, &a->k, &a->v};
+    const char *names[3] = {"q", "k", "v"};
+    int64_t total = 0;
+    for (int t = 0; t < 3; t++) {
+        const fmha_tensor *x = ts[t];
+        int64_t n = 0, at[4] = {0};
+        double first = 0;
+        for (int64_t b = 0; b < x->batch; b++)
+            for (int64_t s = 0; s < x->seqlen; s++)
+                for (int64_t h = 0; h < x->heads; h++)
+                    for (int64_t c = 0; c < x->head_dim; c++) {
+                        const double e = cli_elem(x, b, s, h, c);
+                        if (!isfinite(e) && n++ == 0) {
+                            at[0] = b, at[1] = s, at[2] = h, at[3] = c;
+                            first = e;
+                        }
+                    }
+        if (n)
+            printf("non-finite input: %s holds %lld NaN/inf value%s (first %s[%lld, %lld, %lld, "
+                   "%lld] = %g); its rows give NaN (docs/reliability.md)\n",
+                   names[t], (long long)n, n == 1 ? "" : "s", names[t], (long long)at[0],
+                   (long long)at[1], (long long)at[2], (long long)at[3], first);
+        total += n;
+    }
+    return total;
+}
+
 /* -------------------------------------------------------------- fmha run */
 
 static uint64_t rng_state;
@@ -388,10 +538,60 @@ static void *alloc_random(fmha_dtype dt, int64_t n)
     return p;
 }
 
+/* Metadata keys of the run options, in OPTION_* bit order. */
+static const char *const META_KEYS[7] = {"fmha.causal",  "fmha.window_left", "fmha.window_right",
+                                         "fmha.softmax_scale", "fmha.softcap", "fmha.dropout_p",
+                                         "fmha.seed"};
+
+/* Options a file records (write_outputs) that the command line did not
+ * give. Prints which were taken; -1 with a message for a malformed value. */
+static int meta_options(const st_file *f, const char *path, options *o)
+{
+    char taken[256] = "";
+    for (int i = 0; i < 7; i++) {
+        const char *v = st_meta_get(f, META_KEYS[i]);
+        if (!v || (o->given & (1u << i)))
+            continue;
+        char *end;
+        errno = 0;
+        int ok;
+        if (i == 3 || i == 4 || i == 5) {
+            double d = strtod(v, &end);
+            ok = *v && !*end && isfinite(d);
+            if (ok)
+                *(i == 3 ? &o->scale : i == 4 ? &o->softcap : &o->dropout) = d;
+        } else if (i == 6) {
+            unsigned long long u = strtoull(v, &end, 10);
+            ok = *v >= '0' && *v <= '9' && !*end && !errno;
+            if (ok)
+                o->seed = u;
+        } else {
+            long long n = strtoll(v, &end, 10);
+            ok = *v && !*end && !errno && (i == 0 ? (n == 0 || n == 1) : n >= -1);
+            if (ok && i == 0)
+                o->causal = (int)n;
+            else if (ok)
+                *(i == 1 ? &o->window_left : &o->window_right) = n;
+        }
+        if (!ok) {
+            fprintf(stderr, "fmha: %s: metadata %s = '%s' is not a valid value; fix or remove "
+                            "it, or give the option on the command line\n",
+                    path, META_KEYS[i], v);
+            return -1;
+        }
+        size_t n = strlen(taken);
+        snprintf(taken + n, sizeof taken - n, "%s%s %s", n ? ", " : "", META_KEYS[i] + 5, v);
+    }
+    if (taken[0])
+        printf("options from %s's metadata: %s\n", path, taken);
+    return 0;
+}
+
 /* Writes out and lse; with `inputs`, also q, k and v, so that the file can
  * be run again (`fmha run FILE --check`). */
 static int write_outputs(const char *path, const fmha_tensor *out, int packed, const float *lse,
-                         const char *kernel, const fmha_forward_args *inputs)
+                         const char *kernel, const fmha_forward_args *inputs,
+                         const fmha_config *cfg, uint64_t seed)
 {
     st_tensor ts[5];
     int n = 0;
@@ -419,7 +619,20 @@ static int write_outputs(const char *path, const fmha_tensor *out, int packed, c
             ts[n++] = st_tensor_make(names[i], dt, 4, shapes[i], in[i]->data);
         }
     }
-    const char *meta[] = {"producer", "fmha " FMHA_VERSION_STRING, "kernel", kernel, NULL};
+    /* The options the output was computed with, so that `fmha run FILE`
+     * computes the same attention (a preset's causal mask was lost before). */
+    char vals[7][32];
+    snprintf(vals[0], sizeof vals[0], "%d", cfg->causal ? 1 : 0);
+    snprintf(vals[1], sizeof vals[1], "%lld", (long long)cfg->window_left);
+    snprintf(vals[2], sizeof vals[2], "%lld", (long long)cfg->window_right);
+    snprintf(vals[3], sizeof vals[3], "%.17g", cfg->softmax_scale);
+    snprintf(vals[4], sizeof vals[4], "%.17g", cfg->softcap);
+    snprintf(vals[5], sizeof vals[5], "%.17g", cfg->dropout_p);
+    snprintf(vals[6], sizeof vals[6], "%llu", (unsigned long long)seed);
+    const char *meta[] = {"producer", "fmha " FMHA_VERSION_STRING, "kernel", kernel,
+                          META_KEYS[0], vals[0], META_KEYS[1], vals[1], META_KEYS[2], vals[2],
+                          META_KEYS[3], vals[3], META_KEYS[4], vals[4], META_KEYS[5], vals[5],
+                          META_KEYS[6], vals[6], NULL};
     char err[512];
     if (st_write(path, ts, n, meta, err, sizeof err) != ST_OK) {
         fprintf(stderr, "fmha: cannot write %s: %s\n", path, err);
@@ -497,8 +710,21 @@ static int run_file(const options *o)
                 fmha_dtype_name(a.k.dtype), fmha_dtype_name(a.v.dtype));
         goto done;
     }
+    int64_t nonfinite = 0;
+    if (o->check || o->check_finite) {
+        nonfinite = report_nonfinite(&a);
+        if (o->check_finite && nonfinite) {
+            fprintf(stderr, "fmha: --check-finite: %s holds %lld non-finite input values; "
+                            "nothing was run\n", o->input, (long long)nonfinite);
+            goto done;
+        }
+        if (o->check_finite)
+            printf("check-finite: q, k, v hold no NaN or inf\n");
+    }
     options oo = *o;
     oo.dtype = a.q.dtype;
+    if (meta_options(&f, o->input, &oo))
+        goto done;
     fmha_config cfg;
     config_from_options(&oo, &cfg, a.q.heads, a.k.heads, a.q.head_dim, a.v.head_dim);
     /* --dtype fp8 on a file: the layer quantizes q, k, v on the fly (fp8_compute). */
@@ -506,6 +732,8 @@ static int run_file(const options *o)
     if (fp8)
         cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
 
+    if (!shape_fits("out", a.q.batch, a.q.seqlen, a.q.heads, a.v.head_dim))
+        goto done;
     size_t es = fmha_dtype_size(a.q.dtype);
     int64_t nout = a.q.batch * a.q.seqlen * a.q.heads * a.v.head_dim;
     outbuf = calloc((size_t)nout, es);
@@ -516,7 +744,7 @@ static int run_file(const options *o)
     }
     a.out = fmha_tensor_bshd(outbuf, a.q.dtype, a.q.batch, a.q.seqlen, a.q.heads, a.v.head_dim);
     a.lse = lse;
-    a.seed = o->seed;
+    a.seed = oo.seed;
 
     fmha_layer *layer;
     fmha_status st = fmha_layer_init(&layer, &cfg);
@@ -594,9 +822,14 @@ static int run_file(const options *o)
         } else {
             rc = report_check(&e, a.out.dtype, 0, "all rows against the float64 reference");
         }
+        if (nonfinite) {
+            printf("check: FAILED: the inputs hold %lld non-finite values\n", (long long)nonfinite);
+            rc = 1;
+        }
         free(reflse);
     }
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, packed, lse, kernel, NULL))
+    if (rc == 0 && o->output &&
+        write_outputs(o->output, &a.out, packed, lse, kernel, NULL, &cfg, oo.seed))
         rc = 1;
 done:
     free(outbuf);
@@ -623,8 +856,10 @@ static int run_model(const options *o)
         sk = sq == sk ? o->seqlen : sk; /* cross-attention keeps its text length */
         sq = o->seqlen;
     }
+    if (!problem_fits(batch, sq, sk, p->heads, p->kv_heads, p->head_dim, p->head_dim))
+        return 1;
     options oo = *o;
-    oo.causal = o->causal || p->causal;
+    oo.causal = (o->given & OPTION_CAUSAL) ? o->causal : p->causal; /* --no-causal too */
     fmha_config cfg;
     config_from_options(&oo, &cfg, p->heads, p->kv_heads, p->head_dim, p->head_dim);
 
@@ -741,7 +976,8 @@ static int run_model(const options *o)
         free(ref);
     }
     /* FP8 runs save their bf16 source: `fmha run OUT --dtype fp8 --check` reruns it. */
-    if (rc == 0 && o->output && write_outputs(o->output, &a.out, 0, lse, kernel, &src))
+    if (rc == 0 && o->output &&
+        write_outputs(o->output, &a.out, 0, lse, kernel, &src, &cfg, o->seed))
         rc = 1;
 done:
     fp8_args_free(&f8);
@@ -762,9 +998,18 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "fmha: give an input file or --model, not both\n");
         return EXIT_USAGE;
     }
-    if (o.input && !o.output && !o.check) {
-        fprintf(stderr, "fmha: run %s needs -o OUT.safetensors (or --check)\n", o.input);
+    if (o.input && !o.output && !o.check && !o.check_finite) {
+        fprintf(stderr, "fmha: run %s needs -o OUT.safetensors (or --check, --check-finite)\n",
+                o.input);
         return EXIT_USAGE;
+    }
+    if (o.output) { /* before any work: the run would end by destroying its input */
+        const char *inputs[] = {o.input, NULL};
+        char err[512];
+        if (st_check_output(o.output, inputs, err, sizeof err) != ST_OK) {
+            fprintf(stderr, "fmha: -o: %s\n", err);
+            return EXIT_USAGE;
+        }
     }
     return o.input ? run_file(&o) : run_model(&o);
 }
@@ -844,14 +1089,18 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
         dev_args_free(&dev);
         goto done;
     }
-    double times[200];
-    int iters = o->iters;
+    int iters = o->iters; /* in [1, CLI_MAX_ITERS] when given */
     if (!iters) {
         dev_time_forward(layer, &dev, &one);
-        iters = one > 0 ? (int)(2000.0 / one) : 200; /* about two seconds */
-        iters = iters < 5 ? 5 : iters > 200 ? 200 : iters;
+        const double n = one > 0 ? 2000.0 / one : 200; /* about two seconds */
+        iters = n < 5 ? 5 : n > 200 ? 200 : (int)n;      /* clamped before the conversion */
     }
-    iters = iters > 200 ? 200 : iters;
+    double *times = malloc(sizeof(double) * (size_t)iters);
+    if (!times) {
+        fprintf(stderr, "fmha: out of memory for %d timings\n", iters);
+        dev_args_free(&dev);
+        goto done;
+    }
     for (int i = 0; i < iters; i++) {
         dev_time_forward(layer, &dev, &times[i]);
         times[i] *= 1e-3;
@@ -859,6 +1108,7 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
     dev_args_free(&dev);
     qsort(times, (size_t)iters, sizeof times[0], cmp_double);
     double med = times[iters / 2];
+    free(times);
     double flops = fmha_flops(&cfg, s->batch, s->sq, s->sk);
     double gflops = flops / med * 1e-9;
     int bf16dp = !strcmp(kinfo->name, "cpu_avx512_bf16dp");
@@ -919,7 +1169,7 @@ done:
 }
 
 /* The shape of `bench` and `accuracy`: a preset or explicit sizes over `s`'s
- * defaults. 0, or EXIT_USAGE for an unknown preset. */
+ * defaults. 0, EXIT_USAGE for an unknown preset, 1 for a shape too large. */
 static int shape_from_options(const options *o, bench_shape *s)
 {
     if (o->model) {
@@ -948,7 +1198,7 @@ static int shape_from_options(const options *o, bench_shape *s)
         s->kv = o->kv_heads;
     if (o->head_dim)
         s->d = o->head_dim;
-    return 0;
+    return problem_fits(s->batch, s->sq, s->sk, s->heads, s->kv, s->d, s->d) ? 0 : 1;
 }
 
 static int cmd_bench(int argc, char **argv)
@@ -961,8 +1211,9 @@ static int cmd_bench(int argc, char **argv)
         return EXIT_USAGE;
     }
     bench_shape s = {NULL, 1, 2048, 2048, 16, 16, 128, o.causal};
-    if (shape_from_options(&o, &s))
-        return EXIT_USAGE;
+    int src = shape_from_options(&o, &s);
+    if (src)
+        return src;
 
     const int threads = o.threads ? o.threads : omp_get_max_threads();
     double peak_f32 = 0, peak_bf16 = 0;
@@ -1003,8 +1254,9 @@ static int cmd_accuracy(int argc, char **argv)
         return EXIT_USAGE;
     }
     bench_shape s = {NULL, 1, 2048, 2048, 8, 8, 128, o.causal};
-    if (shape_from_options(&o, &s))
-        return EXIT_USAGE;
+    int src = shape_from_options(&o, &s);
+    if (src)
+        return src;
     options oo = o;
     oo.dtype = FMHA_DTYPE_BF16;
     oo.causal = s.causal;

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,10 @@ static const cJSON *find_field(const cJSON *obj, const char *const *keys, const 
     return NULL;
 }
 
+/* Head counts and head sizes beyond int32: no model has them, and past 2^53
+ * the JSON number is not even exact. */
+#define HF_MAX_SIZE 2147483647LL
+
 /* Reads the first present of `keys` as a positive integer into *out and its
  * name into *key. Absent and null are ABSENT; anything else that is not a
  * positive integer is BAD with a message. */
@@ -69,10 +74,10 @@ static int get_positive(const cJSON *obj, const char *const *keys, const char *n
     const cJSON *it = find_field(obj, keys, key);
     if (it == NULL)
         return FIELD_ABSENT;
-    /* Doubles hold integers exactly only up to 2^53; no real shape is near. */
+    /* Doubles hold integers exactly only up to 2^53; beyond, integral values
+     * are reported as too large below. */
     double d = cJSON_IsNumber(it) ? it->valuedouble : 0.0;
-    if (!cJSON_IsNumber(it) || !(d >= -9007199254740992.0 && d <= 9007199254740992.0) ||
-        (double)(int64_t)d != d) {
+    if (!cJSON_IsNumber(it) || d != d || (fabs(d) < 0x1p62 && (double)(int64_t)d != d)) {
         char *txt = cJSON_PrintUnformatted(it);
         set_err(err, errlen, "%s: %s%s is %s; it must be a positive integer", name, where, *key,
                 txt ? txt : "not a number");
@@ -80,8 +85,19 @@ static int get_positive(const cJSON *obj, const char *const *keys, const char *n
         return FIELD_BAD;
     }
     if (d <= 0) {
-        set_err(err, errlen, "%s: %s%s is %lld; it must be a positive integer", name, where,
-                *key, (long long)d);
+        char *txt = cJSON_PrintUnformatted(it);
+        set_err(err, errlen, "%s: %s%s is %s; it must be a positive integer", name, where, *key,
+                txt ? txt : "?");
+        cJSON_free(txt);
+        return FIELD_BAD;
+    }
+    if (d > HF_MAX_SIZE) { /* written in full up to 1e20 (cJSON would round it to 15 digits) */
+        set_err(err, errlen,
+                d < 1e20 ? "%s: %s%s is %.0f, too large: at most %lld (2^31 - 1), far beyond any "
+                           "model's; check the config"
+                         : "%s: %s%s is %g, too large: at most %lld (2^31 - 1), far beyond any "
+                           "model's; check the config",
+                name, where, *key, d, (long long)HF_MAX_SIZE);
         return FIELD_BAD;
     }
     *out = (int64_t)d;

@@ -5,8 +5,10 @@
 
 #include "safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -299,9 +301,22 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
     cJSON_ArrayForEach(dim, sh) {
         if (json_int(dim, &e->shape[i]) != 0 || e->shape[i] < 0) {
             char *txt = cJSON_PrintUnformatted(dim);
-            set_err(err, errlen,
-                    "%s: tensor \"%s\": shape[%d] = %s is not a non-negative integer", path,
-                    name, i, txt ? txt : "?");
+            const double d = cJSON_IsNumber(dim) ? dim->valuedouble : 0.0;
+            /* Doubles past 2^53 are all integers; written in full below 1e20
+             * (cJSON rounds to 15 digits). d - d == 0 leaves out inf. */
+            if (d > ST_MAX_EXACT_INT && d - d == 0)
+                set_err(err, errlen,
+                        d < 1e20 ? "%s: tensor \"%s\": shape[%d] = %.0f is too large: a dim must "
+                                   "be at most 2^53 = 9007199254740992 (JSON numbers are exact "
+                                   "only that far)"
+                                 : "%s: tensor \"%s\": shape[%d] = %g is too large: a dim must "
+                                   "be at most 2^53 = 9007199254740992 (JSON numbers are exact "
+                                   "only that far)",
+                        path, name, i, d);
+            else
+                set_err(err, errlen,
+                        "%s: tensor \"%s\": shape[%d] = %s is not a non-negative integer", path,
+                        name, i, txt ? txt : "?");
             cJSON_free(txt);
             return ST_ERR_FORMAT;
         }
@@ -908,6 +923,96 @@ static int write_all(FILE *fp, const void *buf, size_t n)
     return n == 0 || fwrite(buf, 1, n, fp) == n;
 }
 
+/* "DIR/.BASE.fmha-tmp.PID" for path "DIR/BASE": hidden, in the same
+ * directory (rename stays on one file system), and recognisable by the
+ * writer's pid, so that a later write can tell a killed writer's leftover
+ * from a live one's file. Caller frees; NULL when out of memory. */
+static char *temp_path(const char *path, long pid)
+{
+    const char *slash = strrchr(path, '/');
+    const size_t dlen = slash ? (size_t)(slash - path + 1) : 0;
+    const size_t n = strlen(path) + 48;
+    char *tmp = malloc(n);
+    if (tmp != NULL)
+        snprintf(tmp, n, "%.*s.%s.fmha-tmp.%ld", (int)dlen, path, path + dlen, pid);
+    return tmp;
+}
+
+/* Removes DIR/.BASE.fmha-tmp.PID files whose writer no longer runs: a write
+ * killed before its rename leaves one of up to the output's size. */
+static void remove_stale_temps(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    const size_t dlen = slash ? (size_t)(slash - path + 1) : 0;
+    const char *base = path + dlen;
+    char *dir = malloc(dlen + 2);
+    if (dir == NULL)
+        return;
+    if (dlen)
+        snprintf(dir, dlen + 1, "%.*s", (int)dlen, path);
+    else
+        strcpy(dir, ".");
+    DIR *d = opendir(dir);
+    const size_t blen = strlen(base);
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        const char *name = e->d_name;
+        if (name[0] != '.' || strncmp(name + 1, base, blen) != 0 ||
+            strncmp(name + 1 + blen, ".fmha-tmp.", 10) != 0)
+            continue;
+        const char *digits = name + 1 + blen + 10;
+        char *end;
+        errno = 0;
+        long pid = strtol(digits, &end, 10);
+        if (*digits < '0' || *digits > '9' || *end || errno || pid <= 0 || pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* alive (or not ours to ask about): its writer may still rename it */
+        char *stale = temp_path(path, pid);
+        if (stale != NULL)
+            unlink(stale);
+        free(stale);
+    }
+    if (d != NULL)
+        closedir(d);
+    free(dir);
+}
+
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISSOCK(mode) ? "a socket"
+                            : "a special file";
+}
+
+st_status st_check_output(const char *path, const char *const *inputs, char *err, size_t errlen)
+{
+    struct stat out;
+    if (stat(path, &out) != 0)
+        return ST_OK; /* nothing there (or a dangling link): the write creates it */
+    if (!S_ISREG(out.st_mode)) {
+        set_err(err, errlen,
+                "%s exists and is %s, not a regular file; the output replaces the file at that "
+                "path, so give the path of a regular file or of a new one",
+                path, file_kind(out.st_mode));
+        return ST_ERR_ARG;
+    }
+    for (int i = 0; inputs != NULL && inputs[i] != NULL; i++) {
+        struct stat in;
+        if (stat(inputs[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+            set_err(err, errlen,
+                    "output %s is the same file as input %s; writing it would destroy the "
+                    "input: give another output path",
+                    path, inputs[i]);
+            return ST_ERR_ARG;
+        }
+    }
+    return ST_OK;
+}
+
 st_status st_write(const char *path, const st_tensor *tensors, int count,
                    const char *const *meta_kv, char *err, size_t errlen)
 {
@@ -944,18 +1049,24 @@ st_status st_write(const char *path, const st_tensor *tensors, int count,
         lenbuf[i] = (unsigned char)(hlen >> (8 * i));
     static const char spaces[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
-    static const char suffix[] = ".tmp.XXXXXX";
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + sizeof suffix);
+    st = st_check_output(path, NULL, err, errlen);
+    if (st != ST_OK) {
+        cJSON_free(json);
+        return st;
+    }
+    char *tmp = temp_path(path, (long)getpid());
     if (tmp == NULL) {
         set_err(err, errlen, "%s: out of memory", path);
         cJSON_free(json);
         return ST_ERR_NOMEM;
     }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, suffix, sizeof suffix);
-
-    int fd = mkstemp(tmp);
+    remove_stale_temps(path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST) {
+        /* Our own pid: left by a killed process that had it before us. */
+        unlink(tmp);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    }
     if (fd < 0) {
         set_err(err, errlen, "%s: cannot create temporary file %s: %s", path, tmp,
                 strerror(errno));
@@ -963,7 +1074,7 @@ st_status st_write(const char *path, const st_tensor *tensors, int count,
         cJSON_free(json);
         return ST_ERR_IO;
     }
-    /* mkstemp makes the file 0600, which would lock other users out of the
+    /* The temporary file is 0600, which would lock other users out of the
      * result: keep an existing file's mode, else use 0644 (umask 022's). */
     struct stat old;
     mode_t mode = (stat(path, &old) == 0 && S_ISREG(old.st_mode)) ? (old.st_mode & 07777) : 0644;

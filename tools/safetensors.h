@@ -133,13 +133,24 @@ void st_free(st_file *f); /* zeroes *f; NULL-safe */
  * shape's size. The header is padded with spaces so the data section starts
  * 8-byte aligned.
  *
- * The file is written to `path`.tmp.XXXXXX in the same directory, flushed
- * with fsync and renamed over `path`, so `path` either keeps its old content
- * or holds the complete new file; on failure the temporary file is removed.
- * A new file gets mode 0644; an existing file's mode is kept. A symlink at
- * `path` is replaced by the file, not followed. */
+ * The file is written to DIR/.BASE.fmha-tmp.PID beside `path` (DIR/BASE),
+ * flushed with fsync and renamed over `path`, so `path` either keeps its old
+ * content or holds the complete new file; on failure the temporary file is
+ * removed, and such files left by killed writers (whose PID no longer runs)
+ * are removed by the next write to the same path. A new file gets mode 0644;
+ * an existing file's mode is kept. A symlink at `path` is replaced by the
+ * file, not followed. An existing `path` that is not a regular file (after
+ * symlinks), such as /dev/null or a directory, is refused (ST_ERR_ARG), as
+ * in st_check_output. */
 st_status st_write(const char *path, const st_tensor *tensors, int count,
                    const char *const *meta_kv, char *err, size_t errlen);
+
+/* Whether `path` may take an output: ST_ERR_ARG, with a message naming the
+ * path and the fix, when it exists and is not a regular file (symlinks
+ * followed), or is the same file (device and inode, so also through hard
+ * links and symlinks) as one of `inputs` (NULL-terminated; NULL for none).
+ * ST_OK when it does not exist. */
+st_status st_check_output(const char *path, const char *const *inputs, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

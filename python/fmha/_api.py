@@ -90,20 +90,21 @@ _FP8_MODES = {None: _lib.FP8_COMPUTE_OFF, "per_tensor": _lib.FP8_COMPUTE_PER_TEN
 
 
 class _Options:
-    """The per-layer options of fmha_config, checked for type here and for
-    value by libfmha."""
+    """The per-layer options of fmha_config, checked here for type and for
+    fitting their C fields (ctypes would wrap an int beyond int64 and take
+    any truthy object as a flag), and for value by libfmha."""
 
     def __init__(self, causal, softmax_scale, window, softcap, dropout_p, fp8=None,
                  fp8_smooth_k=False):
-        self.causal = bool(causal)
+        self.causal = T.flag(causal, "causal")
         if fp8 not in _FP8_MODES:
             raise ValueError("fp8 must be None, 'per_tensor' or 'per_block', got %r" % (fp8,))
         self.fp8 = fp8
-        self.fp8_smooth_k = bool(fp8_smooth_k)
+        self.fp8_smooth_k = T.flag(fp8_smooth_k, "fp8_smooth_k")
         if softmax_scale is None:
             self.softmax_scale = 0.0  # libfmha: 0 selects 1 / sqrt(head_dim)
         else:
-            self.softmax_scale = float(softmax_scale)
+            self.softmax_scale = T.real(softmax_scale, "softmax_scale")
             if self.softmax_scale == 0.0:
                 raise ValueError("softmax_scale must be > 0; None selects 1/sqrt(head_dim)")
         if window is None:
@@ -113,9 +114,9 @@ class _Options:
         except (TypeError, ValueError):
             raise ValueError("window must be a pair (left, right), -1 = unlimited, got %r"
                              % (window,)) from None
-        self.window = (T.index(left, "window[0]"), T.index(right, "window[1]"))
-        self.softcap = float(softcap or 0.0)
-        self.dropout_p = float(dropout_p or 0.0)
+        self.window = (T.int64(left, "window[0]"), T.int64(right, "window[1]"))
+        self.softcap = 0.0 if softcap is None else T.real(softcap, "softcap")
+        self.dropout_p = 0.0 if dropout_p is None else T.real(dropout_p, "dropout_p")
 
     def config(self, num_heads, num_kv_heads, head_dim, head_dim_v, dtype, device):
         cfg = _lib.config_init(num_heads, num_kv_heads, head_dim)
@@ -257,6 +258,7 @@ def _answer_empty(cfg, q, out, lse, layer_for):
 
 
 def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
+    return_lse = T.flag(return_lse, "return_lse")
     T.check_no_grad(q, k, v)
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
     T.same_device(qv, kv, vv)
@@ -283,6 +285,7 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
             return_lse, seed, layer_for=None, descales=(None,) * 3):
+    return_lse = T.flag(return_lse, "return_lse")
     T.check_no_grad(q, k, v)
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     T.same_device(qv, kv, vv)
@@ -296,8 +299,8 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
         raise ValueError("cu_seqlens_q (%d entries) and cu_seqlens_k (%d entries) must both "
                          "hold batch + 1 >= 2 entries" % (nq, nk))
     descales = _descales(descales, qv, nq - 1, Hkv)
-    max_q = 0 if max_seqlen_q is None else T.index(max_seqlen_q, "max_seqlen_q")
-    max_k = 0 if max_seqlen_k is None else T.index(max_seqlen_k, "max_seqlen_k")
+    max_q = 0 if max_seqlen_q is None else T.int64(max_seqlen_q, "max_seqlen_q")
+    max_k = 0 if max_seqlen_k is None else T.int64(max_seqlen_k, "max_seqlen_k")
     out, ov = _out_view(out, qv, (Tq, H, Dv))
     T.same_device(qv, ov)
     lse = T.empty(qv, (H, Tq), "f32") if return_lse else None
@@ -399,10 +402,10 @@ class Attention:
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
                  dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None,
                  fp8=None, fp8_smooth_k=False):
-        self.num_heads = T.index(num_heads, "num_heads")
-        self.head_size = T.index(head_size, "head_size")
+        self.num_heads = T.int64(num_heads, "num_heads")
+        self.head_size = T.int64(head_size, "head_size")
         self.num_kv_heads = (self.num_heads if num_kv_heads is None
-                             else T.index(num_kv_heads, "num_kv_heads"))
+                             else T.int64(num_kv_heads, "num_kv_heads"))
         self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8, fp8_smooth_k)
         self._layers = {}
         self._lock = threading.Lock()

@@ -3,6 +3,7 @@ fmha_tensor views: data pointer, fmha dtype, shape and element strides, taken
 as they are (never copied). Also allocates outputs of the same family and
 device as q. torch is used only when the caller's objects are torch tensors
 (it is never imported just to check a type)."""
+import numbers
 import operator
 import sys
 
@@ -306,3 +307,48 @@ def index(value, name):
         return operator.index(value)
     except TypeError:
         raise TypeError("%s must be an integer, got %r" % (name, value)) from None
+
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def _bound(n):
+    return {INT64_MAX: "2^63 - 1", INT64_MIN: "-2^63"}.get(n, str(n))
+
+
+def int64(value, name, lo=INT64_MIN, hi=INT64_MAX):
+    """value as an int in [lo, hi] (within int64): ctypes would silently wrap
+    a larger Python int (2**64 + 4 becomes 4), so it is refused here. A bool
+    is not an integer count."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s must be an integer, got the bool %r" % (name, value))
+    v = index(value, name)
+    if not lo <= v <= hi:
+        raise ValueError("%s (%d) is out of range: it must be in [%s, %s]"
+                         % (name, v, _bound(lo), _bound(hi)))
+    return v
+
+
+def flag(value, name):
+    """A boolean option: True/False (numpy's too) or the integers 0 and 1;
+    anything else (such as the string 'yes', which is truthy) is refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        if value in (0, 1):
+            return bool(value)
+        raise ValueError("%s must be True or False (or 0/1), got %r" % (name, value))
+    raise TypeError("%s must be True or False (or 0/1), got %r" % (name, value))
+
+
+def real(value, name):
+    """A float option from a number; strings (float('0.5') would take them)
+    and other objects are refused. Range checks are libfmha's."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (numbers.Real, np.generic)):
+        torch = _torch()
+        if not (torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1):
+            raise TypeError("%s must be a real number, got %r" % (name, value))
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a real number, got %r" % (name, value)) from None

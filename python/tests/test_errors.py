@@ -125,3 +125,49 @@ def test_info():
     assert info["cpu_isa"] in ("scalar", "avx2", "avx512", "avx512-bf16")
     assert os.path.exists(info["library"])
     assert isinstance(info["cuda_backend"], bool) and isinstance(info["cuda_devices"], list)
+
+
+# Python ints beyond int64 used to wrap in ctypes (Attention(2**64 + 4, 2**64 + 8)
+# ran as 4 heads of dim 8; 2**63 heads were reported as negative), and any truthy
+# object was taken as a flag (causal='yes').
+@pytest.mark.parametrize("args,kwargs,exc,match", [
+    ((2**64 + 4, 2**64 + 8), {}, ValueError, r"num_heads \(18446744073709551620\) is out of "
+                                             r"range: it must be in \[-2\^63, 2\^63 - 1\]"),
+    ((2**63, 64), {}, ValueError, r"num_heads \(9223372036854775808\) is out of range"),
+    ((8, 2**64 + 64), {}, ValueError, r"head_size \(18446744073709551680\) is out of range"),
+    ((8, 64), {"num_kv_heads": -2**63 - 1}, ValueError, r"num_kv_heads .* is out of range"),
+    ((8, 64), {"window": (2**63, -1)}, ValueError, r"window\[0\] .* is out of range"),
+    ((True, 64), {}, TypeError, r"num_heads must be an integer, got the bool True"),
+    ((8.0, 64), {}, TypeError, r"num_heads must be an integer, got 8.0"),
+    ((8, 64), {"causal": "yes"}, TypeError, r"causal must be True or False \(or 0/1\), "
+                                            r"got 'yes'"),
+    ((8, 64), {"causal": 2}, ValueError, r"causal must be True or False \(or 0/1\), got 2"),
+    ((8, 64), {"causal": None}, TypeError, r"causal must be True or False"),
+    ((8, 64), {"fp8": "per_tensor", "fp8_smooth_k": "no"}, TypeError, r"fp8_smooth_k must be"),
+    ((8, 64), {"softmax_scale": "0.125"}, TypeError, r"softmax_scale must be a real number"),
+    ((8, 64), {"dropout_p": "0.1"}, TypeError, r"dropout_p must be a real number"),
+    ((8, 64), {"softcap": [1.0]}, TypeError, r"softcap must be a real number"),
+])
+def test_layer_arguments_checked_before_ctypes(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        fmha.Attention(*args, **kwargs)
+
+
+def test_flags_and_sizes_of_calls_checked_before_ctypes(rng):
+    q = ref.make(rng, (1, 8, 2, 16), "f32")
+    for causal in (True, False, 1, 0, np.bool_(True)):  # the accepted spellings
+        fmha.attention(q, q, q, causal=causal)
+    layer = fmha.Attention(np.int64(2), np.int32(16), causal=np.bool_(True))
+    assert layer.num_heads == 2 and layer.head_size == 16 and layer.causal is True
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        fmha.attention(q, q, q, causal="yes")
+    with pytest.raises(TypeError, match="return_lse must be True or False"):
+        fmha.attention(q, q, q, return_lse="no")
+    with pytest.raises(ValueError, match=r"window\[1\] \(18446744073709551615\) is out of range"):
+        fmha.attention(q, q, q, window=(-1, 2**64 - 1))
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        fmha.flash_attn_func(q, q, q, causal="false")
+    packed = q[0]
+    cu = np.array([0, 8], np.int32)
+    with pytest.raises(ValueError, match=r"max_seqlen_q \(18446744073709551624\) is out of range"):
+        fmha.varlen_attention(packed, packed, packed, cu, cu, 2**64 + 8, 8)

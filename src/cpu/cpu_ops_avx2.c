@@ -4,12 +4,14 @@
 
 #include <immintrin.h>
 
-/* 2^x as in cpu_ops_avx512.c (exactly 0 below -126), building 2^round(x)
- * from exponent bits. */
+/* 2^x as in cpu_ops_avx512.c (exactly 0 below -126, NaN for NaN), building
+ * 2^round(x) from exponent bits. */
 static inline __m256 exp2_avx2(__m256 x)
 {
-    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
+    /* Unordered compare and NaN as max's second operand: NaN stays NaN, as
+     * the non-finite policy (docs/reliability.md) needs; it was 0. */
+    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_NLT_UQ);
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
     __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 f = _mm256_sub_ps(x, n);
     __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);

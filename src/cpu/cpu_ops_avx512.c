@@ -8,11 +8,13 @@
 
 /* 2^x by 2^round(x) * p(x - round(x)), p a degree-6 polynomial on [-1/2, 1/2]
  * (relative error ~1e-7). x < -126 gives exactly 0, so a masked score (-inf)
- * adds nothing to a row's sum. */
+ * adds nothing to a row's sum; NaN gives NaN (an unordered compare, and NaN
+ * as max's second operand), as the non-finite policy needs
+ * (docs/reliability.md): it was 0, which turned a NaN row into zeros. */
 static inline __m512 exp2_avx512(__m512 x)
 {
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);

@@ -105,6 +105,19 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int6
         pv_columns(p, nj, nq, v, vs, dvp, alpha, o, c0, 1);
 }
 
+/* s * scale, rounded on its own: the maximum and the subtraction must see the
+ * same values, so that x - max <= 0 exactly. Fused into the subtraction (the
+ * compiler contracts mul + sub into an FMA), the product's rounding remainder
+ * left the maximum 2^remainder, which overflows once scores pass ~2^30 and
+ * zeroed rows. The empty asm hides the product from that contraction at no
+ * cost; storing the scaled scores instead cost 6% on bf16 inputs. */
+INLINE V scaled(V s, V scale)
+{
+    V x = VMUL(s, scale);
+    __asm__("" : "+v"(x));
+    return x;
+}
+
 static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, float *alpha)
 {
     const V vscale = VSET1(scale);
@@ -113,13 +126,13 @@ static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, 
         const V m_old = VLOAD(m + x * VL);
         V mx = m_old;
         for (int j = 0; j < nj; j++)
-            mx = VMAX(mx, VMUL(VLOAD(col + j * T_BR), vscale));
+            mx = VMAX(mx, scaled(VLOAD(col + j * T_BR), vscale));
         /* A query with no visible key yet keeps m = -inf; use base 0 so every
          * term is 2^-inf = 0 instead of NaN. */
         const V base = VSELECT(VIS_NEG_INF(mx), VZERO(), mx);
         V sum = VZERO();
         for (int j = 0; j < nj; j++) {
-            V pj = VEXP2(VSUB(VMUL(VLOAD(col + j * T_BR), vscale), base));
+            V pj = VEXP2(VSUB(scaled(VLOAD(col + j * T_BR), vscale), base));
             VSTORE(col + j * T_BR, pj);
             sum = VADD(sum, pj);
         }

@@ -42,12 +42,16 @@ static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, 
 {
     for (int i = 0; i < nq; i++) {
         float mx = m[i];
-        for (int j = 0; j < nj; j++)
-            mx = fmaxf(mx, st[j * BR + i] * scale);
+        /* Stored scaled, so that a compiler fusing s * scale - base (FMA
+         * targets) cannot leave the maximum 2^(rounding remainder) > 1. */
+        for (int j = 0; j < nj; j++) {
+            st[j * BR + i] *= scale;
+            mx = fmaxf(mx, st[j * BR + i]);
+        }
         const float base = mx == -INFINITY ? 0.0f : mx; /* no key yet: all terms are 0 */
         float sum = 0.0f;
         for (int j = 0; j < nj; j++) {
-            float p = exp2f(st[j * BR + i] * scale - base);
+            float p = exp2f(st[j * BR + i] - base);
             st[j * BR + i] = p;
             sum += p;
         }

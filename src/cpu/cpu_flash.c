@@ -41,7 +41,7 @@ typedef struct task_scratch {
 
 typedef struct layout {
     int64_t dp, dvp;    /* padded head dims */
-    size_t offs[13], per_thread;
+    size_t per_thread;  /* bytes of one thread's scratch, a multiple of 64 */
 } layout;
 
 static size_t align64(size_t x)
@@ -49,34 +49,50 @@ static size_t align64(size_t x)
     return (x + 63) & ~(size_t)63;
 }
 
+/* A bump allocator over one thread's slice of the workspace. With base NULL
+ * it only counts, so that the calls which carve a slice also size it. */
+typedef struct arena {
+    char *base;
+    size_t used;
+} arena;
+
+/* `bytes` at the next multiple of `align` (a power of two, at most the
+ * base's alignment of 64). */
+static void *arena_take(arena *a, size_t bytes, size_t align)
+{
+    const size_t at = (a->used + align - 1) & ~(align - 1);
+    a->used = at + bytes;
+    return a->base ? a->base + at : NULL;
+}
+
+/* Every buffer starts on its own cache line. */
+static void scratch_take(arena *a, const fmha_cpu_ops *ops, const layout *L, task_scratch *s)
+{
+    enum { LINE = 64 };
+    const size_t elem = ops->bf16dp ? 2 : 4, dp = (size_t)L->dp, dvp = (size_t)L->dvp;
+    s->qt = arena_take(a, dp * BR * elem, LINE);
+    s->kbuf = arena_take(a, BC * dp * elem, LINE);
+    s->vbuf = arena_take(a, BC * dvp * elem, LINE);
+    s->st = arena_take(a, sizeof(float) * BC * BR, LINE);
+    s->p2 = arena_take(a, sizeof(uint16_t) * BC * BR, LINE);
+    s->o = arena_take(a, sizeof(float) * BR * dvp, LINE);
+    s->m = arena_take(a, sizeof(float) * BR, LINE);
+    s->l = arena_take(a, sizeof(float) * BR, LINE);
+    s->alpha = arena_take(a, sizeof(float) * BR, LINE);
+    s->lo = arena_take(a, sizeof(int64_t) * BR, LINE);
+    s->hi = arena_take(a, sizeof(int64_t) * BR, LINE);
+    s->row_pos = arena_take(a, sizeof(int64_t) * BR, LINE);
+    s->row_head = arena_take(a, sizeof(int64_t) * BR, LINE);
+}
+
 static void plan_layout(const fmha_problem *pb, const fmha_cpu_ops *ops, layout *L)
 {
     L->dp = round_up(pb->d, 2);
     L->dvp = round_up(pb->dv, ops->lanes);
-    size_t elem = ops->bf16dp ? 2 : 4;
-    size_t sizes[13] = {
-        (size_t)L->dp * BR * elem,  (size_t)BC * L->dp * elem, (size_t)BC * L->dvp * elem,
-        (size_t)BC * BR * 4,        (size_t)BC * BR * 2,       (size_t)BR * L->dvp * 4,
-        BR * 4, BR * 4, BR * 4, BR * 8, BR * 8, BR * 8, BR * 8,
-    };
-    size_t off = 0;
-    for (int i = 0; i < 13; i++) {
-        L->offs[i] = off;
-        off += align64(sizes[i]);
-    }
-    L->per_thread = off;
-}
-
-static task_scratch carve(void *base, const layout *L)
-{
-    char *b = base;
-    task_scratch s = {b + L->offs[0], b + L->offs[1], b + L->offs[2],
-                      (float *)(b + L->offs[3]), (uint16_t *)(b + L->offs[4]),
-                      (float *)(b + L->offs[5]), (float *)(b + L->offs[6]),
-                      (float *)(b + L->offs[7]), (float *)(b + L->offs[8]),
-                      (int64_t *)(b + L->offs[9]), (int64_t *)(b + L->offs[10]),
-                      (int64_t *)(b + L->offs[11]), (int64_t *)(b + L->offs[12])};
-    return s;
+    arena count = {NULL, 0};
+    task_scratch unused;
+    scratch_take(&count, ops, L, &unused);
+    L->per_thread = align64(count.used);
 }
 
 void fmha_cpu_workspace_free(fmha_cpu_workspace *ws)
@@ -357,7 +373,11 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
 #endif
     if (nthreads > ntasks)
         nthreads = ntasks > 0 ? (int)ntasks : 1;
-    fmha_status st = workspace_reserve(ws, L.per_thread * (size_t)nthreads);
+    fmha_status st = (size_t)nthreads > SIZE_MAX / L.per_thread
+                         ? fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                          "CPU workspace of %d x %zu bytes overflows", nthreads,
+                                          L.per_thread)
+                         : workspace_reserve(ws, L.per_thread * (size_t)nthreads);
     if (st != FMHA_STATUS_OK) {
         free(tile_start);
         return st;
@@ -369,7 +389,9 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        task_scratch s = carve((char *)ws->buf + L.per_thread * (size_t)tid, &L);
+        arena slice = {(char *)ws->buf + L.per_thread * (size_t)tid, 0};
+        task_scratch s;
+        scratch_take(&slice, ops, &L, &s);
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {

@@ -96,12 +96,18 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
         dst[i] = fmha_load_f32(src, dtype, i);
 }
 
+#include "cpu_ops_io.h"
+
 const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
     .lanes = VL,
-    .bf16dp = 0,
-    .to_f32 = to_f32,
+    .elem = 4,
+    .pack_q = pack_q,
+    .load_k = load_k,
+    .load_v = load_v,
     .qk = qk,
     .softcap = softcap,
     .softmax = softmax,
+    .pack_p = pack_p,
     .pv = pv,
+    .store = store,
 };

@@ -17,6 +17,8 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
         dst[i] = fmha_load_f32(src, dtype, i);
 }
 
+#include "cpu_ops_io.h"
+
 static void qk(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int64_t d, float *st)
 {
     const float *k = kv, *qt = qtv;
@@ -57,8 +59,8 @@ static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, 
     }
 }
 
-static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int64_t dvp,
-               const float *alpha, float *o)
+static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t dvp, const float *alpha,
+               float *o)
 {
     const float *p = pv_, *v = vv;
     for (int i = 0; i < nq; i++) {
@@ -67,7 +69,7 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int6
             orow[c] *= alpha[i];
         for (int j = 0; j < nj; j++) {
             const float pij = p[j * BR + i];
-            const float *vrow = v + j * vs;
+            const float *vrow = v + j * dvp;
             for (int64_t c = 0; c < dvp; c++)
                 orow[c] += pij * vrow[c];
         }
@@ -76,10 +78,14 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int6
 
 const fmha_cpu_ops fmha_ops_cpu_scalar_f32 = {
     .lanes = 1,
-    .bf16dp = 0,
-    .to_f32 = to_f32,
+    .elem = 4,
+    .pack_q = pack_q,
+    .load_k = load_k,
+    .load_v = load_v,
     .qk = qk,
     .softcap = softcap,
     .softmax = softmax,
+    .pack_p = pack_p,
     .pv = pv,
+    .store = store,
 };

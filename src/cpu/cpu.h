@@ -1,6 +1,8 @@
 /* cpu.h — the CPU backend: the flash-attention driver (cpu_flash.c) and the
  * per-ISA micro-kernels it calls through one table of function pointers
- * (cpu_ops_scalar.c, cpu_ops_avx2.c, cpu_ops_avx512.c). */
+ * (cpu_ops_scalar.c, cpu_ops_avx2.c, cpu_ops_avx512.c; the SIMD files share
+ * cpu_ops_f32.h's products and softmax, every file cpu_ops_io.h's loads and
+ * store). */
 #ifndef FMHA_CPU_H
 #define FMHA_CPU_H
 
@@ -9,11 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Queries per task and keys per block. 256 queries share each packed key and
- * value block (4x fewer copies than 64; 1.5x the throughput of 64 on a Zen 5
- * core at head dim 128), and a 64-query slice of Q^T (32 KiB) with a 64-key
- * block stays in L1 while a register tile sweeps it. Short tasks compute only
- * their NQ-rounded queries. */
+/* Query rows per task, keys per block, queries per vector step. 256 rows
+ * share each packed key and value block (4x fewer copies than 64; 1.5x the
+ * throughput of 64 on a Zen 5 core at head dim 128), and the 64 queries the
+ * AVX-512 qk sweeps at a time (32 KiB of Q^T at head dim 128) stay in L1 with
+ * a 64-key block. Short tasks, and blocks on a mask's edge, compute only
+ * their live rows rounded out to multiples of NQ. */
 enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 16 };
 
 /* AUTO's ISA: the best detected, except that avx512-bf16 (bf16 inputs on the

@@ -1,8 +1,10 @@
-/* cpu_flash.c — the CPU flash-attention forward. One task is 64 queries of
- * one (sequence, head); it walks the visible keys in blocks of 64 with an
- * online softmax, so memory is O(threads x tile). Tasks run under OpenMP and
- * each is computed by one thread in a fixed order: results do not depend on
- * the thread count. The arithmetic lives in the per-ISA micro-kernels. */
+/* cpu_flash.c — the CPU flash-attention forward. One task is up to
+ * FMHA_CPU_BR (256) query rows of one sequence: positions of one head, or of
+ * a small GQA group's heads side by side. It walks the visible keys in blocks
+ * of FMHA_CPU_BC (64) with an online softmax, so memory is O(threads x tile).
+ * Tasks run under OpenMP and each is computed by one thread in a fixed order:
+ * results do not depend on the thread count. The arithmetic and the moves
+ * between tensors and tiles are the ISA's micro-kernels (cpu.h). */
 #include "cpu.h"
 
 #include <math.h>

@@ -1,5 +1,6 @@
 /* cpu_ops_avx2.c — AVX2 + FMA micro-kernels: cpu_ops_f32.h over 8-lane
- * vectors. Compiled with AVX2 flags; called only after cpuid.c found them. */
+ * vectors, cpu_ops_io.h over this file's to_f32. Compiled with AVX2 flags;
+ * called only after cpuid.c found them. */
 #include "cpu.h"
 
 #include <immintrin.h>

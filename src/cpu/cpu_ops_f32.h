@@ -1,9 +1,9 @@
-/* cpu_ops_f32.h — the f32 micro-kernels, written once over a small vector
- * vocabulary and included by each SIMD ISA file (cpu_ops_avx2.c,
- * cpu_ops_avx512.c), which defines the vocabulary first:
+/* cpu_ops_f32.h — the f32 mainloop micro-kernels (qk, pv, softmax, softcap),
+ * written once over a small vector vocabulary and included by each SIMD ISA
+ * file (cpu_ops_avx2.c, cpu_ops_avx512.c), which defines the vocabulary first:
  *   V, VL, VLOAD, VSTORE, VSET1, VZERO, VFMA(a, b, c) = a * b + c, VMUL, VADD,
- *   VSUB, VMAX, VDIV, VEXP2 (2^x, exactly 0 for x < -126), VIS_NEG_INF(x) -> V,
- *   VSELECT(mask_from_VIS_NEG_INF, if_true, if_false),
+ *   VSUB, VMAX, VDIV, VEXP2 (2^x, exactly 0 for x < -126),
+ *   VIS_NEG_INF(x), VIS_NEGATIVE(x) -> masks for VSELECT(mask, if_true, if_false),
  *   QK_MR/QK_NV (keys x query-vectors per qk register tile),
  *   PV_MR/PV_NV (queries x value-vectors per pv register tile).
  * Tile contracts are in cpu.h. */

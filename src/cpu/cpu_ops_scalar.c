@@ -1,5 +1,6 @@
 /* cpu_ops_scalar.c — portable C micro-kernels for the CPU driver: any CPU,
- * plain loops, the same tile contracts as the SIMD versions (cpu.h). */
+ * plain loops, the same tile contracts as the SIMD versions (cpu.h); loads
+ * and store from cpu_ops_io.h over this file's to_f32. */
 #include "cpu.h"
 
 #include <math.h>

@@ -1,6 +1,8 @@
 /* cpu.h — the CPU backend: the flash-attention driver (cpu_flash.c) and the
  * per-ISA micro-kernels it calls through one table of function pointers
- * (cpu_ops_scalar.c, cpu_ops_avx2.c, cpu_ops_avx512.c). */
+ * (cpu_ops_scalar.c, cpu_ops_avx2.c, cpu_ops_avx512.c; the SIMD files share
+ * cpu_ops_f32.h's products and softmax, every file cpu_ops_io.h's loads and
+ * store). */
 #ifndef FMHA_CPU_H
 #define FMHA_CPU_H
 
@@ -9,11 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Queries per task and keys per block. 256 queries share each packed key and
- * value block (4x fewer copies than 64; 1.5x the throughput of 64 on a Zen 5
- * core at head dim 128), and a 64-query slice of Q^T (32 KiB) with a 64-key
- * block stays in L1 while a register tile sweeps it. Short tasks compute only
- * their NQ-rounded queries. */
+/* Query rows per task, keys per block, queries per vector step. 256 rows
+ * share each packed key and value block (4x fewer copies than 64; 1.5x the
+ * throughput of 64 on a Zen 5 core at head dim 128), and the 64 queries the
+ * AVX-512 qk sweeps at a time (32 KiB of Q^T at head dim 128) stay in L1 with
+ * a 64-key block. Short tasks, and blocks on a mask's edge, compute only
+ * their live rows rounded out to multiples of NQ. */
 enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 16 };
 
 /* AUTO's ISA: the best detected, except that avx512-bf16 (bf16 inputs on the
@@ -36,24 +39,52 @@ void fmha_cpu_workspace_free(fmha_cpu_workspace *ws);
 fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
                              fmha_cpu_workspace *ws);
 
-/* Micro-kernels of one ISA. Tiles are transposed so that SIMD lanes run over
- * the 64 queries of a task: st[j][i] is the score of query i against key j,
- * the row statistics m, l, alpha are per query, and softmax needs no
- * horizontal reductions. BR = FMHA_CPU_BR is the row stride of every tile;
- * nq (a multiple of FMHA_CPU_NQ, <= BR) is how many queries are live. */
+/* One task as the micro-kernels that read and write tensors see it: `rows`
+ * rows of sequence b, row r being query position row_pos[r] (within the
+ * sequence) of query head row_head[r]; every row reads KV head hk. */
+typedef struct fmha_cpu_task {
+    const fmha_problem *pb;
+    int64_t b, tb;      /* the sequence; its batch index in the tensors (0 when packed) */
+    int64_t q0, sq, k0; /* its first token in q and out, its length there, its first in k, v */
+    int64_t hk;
+    int64_t dp, dvp;    /* row lengths of the K and V tiles: d rounded up to a pair, dv to lanes */
+    int rows;
+    const int64_t *row_pos, *row_head; /* [rows] */
+} fmha_cpu_task;
+
+/* Micro-kernels of one ISA. A task calls pack_q once; then for each block of
+ * nj <= FMHA_CPU_BC keys load_k, qk, softcap (if on), softmax, load_v,
+ * pack_p and pv; then store. What differs between f32 and bf16 tiles (the
+ * bf16dp table's pairs for vdpbf16ps) stays inside the table.
+ *
+ * Tiles are transposed so that SIMD lanes run over the task's queries:
+ * st[j][i] is the score of query i against key j, the row statistics m, l,
+ * alpha are per query, and softmax needs no horizontal reductions. Tiles over
+ * queries (Q^T, st, P) have rows of BR = FMHA_CPU_BR cells of 4 bytes: an
+ * f32, or in bf16dp tiles a pair of bf16 (two channels of Q, two keys of P).
+ * The mainloop kernels get those tiles, m, l and alpha advanced to the
+ * block's first live query (a multiple of FMHA_CPU_NQ: one cell offset for
+ * every layout) and nq, the live queries from there (a multiple of
+ * FMHA_CPU_NQ, <= BR). */
 typedef struct fmha_cpu_ops {
-    int lanes;  /* f32 lanes per vector: V rows are padded to a multiple */
-    int bf16dp; /* tiles hold bf16 pairs for vdpbf16ps instead of f32 */
+    int lanes; /* f32 lanes per vector: V and O rows are padded to a multiple */
+    int elem;  /* bytes per element of the Q^T, K and V tiles: 4 (f32) or 2 (bf16) */
 
-    /* dst[0..n) = src[0..n) as f32 (src of dtype f32, f16 or bf16), or for
-     * f8_e4m3 codes their exact value times descale (one rounding, as
-     * fmha_e4m3_to_f32(code) * descale). */
-    void (*to_f32)(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale);
+    /* Producer: tensor rows into tiles. qt = Q^T of the task's rows, zero
+     * past t->rows and past d: f32 [d][BR], bf16dp [dp/2][BR][2] (pairs of
+     * channels). tmp: room for 16 rows of dp elements. */
+    void (*pack_q)(const fmha_cpu_task *t, void *qt, void *tmp);
+    /* kb = keys [j0, j0 + nj) of the sequence, [nj][dp]: converted to f32 and
+     * descaled, or for bf16dp copied, zero past d. */
+    void (*load_k)(const fmha_cpu_task *t, int64_t j0, int nj, void *kb);
+    /* vb = values [j0, j0 + nj), zero past dv: f32 [nj][dvp], bf16dp
+     * [ceil(nj/2)][dvp][2] pairs of keys, zero past nj. */
+    void (*load_v)(const fmha_cpu_task *t, int64_t j0, int nj, void *vb);
 
-    /* st[j][i] = sum_c k[j][c] * qt[c][i] for j < nj, i < nq.
-     * f32:    k rows of f32 (row stride ks elements), qt [d][BR] f32.
-     * bf16dp: k rows of bf16 (d even), qt [d/2][BR][2] bf16 pairs. */
-    void (*qk)(const void *k, int64_t ks, int nj, int nq, const void *qt, int64_t d, float *st);
+    /* Mainloop: the two products and the softmax between them.
+     * st[j][i] = sum_c kb[j][c] * qt[c][i] for j < nj, i < nq; kb rows are ks
+     * elements apart, d is the head dim (bf16dp: ceil(d/2) pairs). */
+    void (*qk)(const void *kb, int64_t ks, int nj, int nq, const void *qt, int64_t d, float *st);
 
     /* st = cap * tanh(st * scale / cap) * log2(e): softcap, in the log2 domain. */
     void (*softcap)(float *st, int nj, int nq, float scale, float cap);
@@ -64,16 +95,18 @@ typedef struct fmha_cpu_ops {
      * keep m = -inf, l = 0, and get st = 0. */
     void (*softmax)(float *st, int nj, int nq, float scale, float *m, float *l, float *alpha);
 
-    /* o[i][c] = alpha[i] * o[i][c] + sum_j p[j][i] * v[j][c], i < nq, c < dvp.
-     * f32:    p = st [nj][BR], v rows of f32 (row stride vs), dvp % lanes == 0.
-     * bf16dp: p [ceil(nj/2)][BR][2] and v [ceil(nj/2)][dvp][2] bf16 pairs. */
-    void (*pv)(const void *p, int nj, int nq, const void *v, int64_t vs, int64_t dvp,
-               const float *alpha, float *o);
+    /* Makes st pv's P, in place: f32 leaves it as it is; bf16dp rounds it to
+     * bf16 pairs of keys, [ceil(nj/2)][BR][2] over st's first rows, zero past nj. */
+    void (*pack_p)(float *st, int nj, int nq);
 
-    /* bf16dp only: p2[j/2][i][j%2] = bf16(st[j][i]), zero past nj. */
-    void (*pack_p)(const float *st, int nj, int nq, uint16_t *p2);
-    /* bf16dp only: v2[j/2][c][j%2] = v[j][c] (bf16 rows, stride vs), zero past nj and dv. */
-    void (*pack_v)(const uint16_t *v, int64_t vs, int nj, int64_t dv, int64_t dvp, uint16_t *v2);
+    /* o[i][c] = alpha[i] * o[i][c] + sum_j p[j][i] * vb[j][c] for i < nq,
+     * c < dvp (a multiple of lanes); o rows are dvp apart. */
+    void (*pv)(const void *p, int nj, int nq, const void *vb, int64_t dvp, const float *alpha,
+               float *o);
+
+    /* Epilogue: out = o / l for the task's rows (o [rows][dvp]) and lse =
+     * (m + log2 l) ln 2; rows that saw no key (l = 0) get 0 and -inf. */
+    void (*store)(const fmha_cpu_task *t, const float *o, const float *m, const float *l);
 } fmha_cpu_ops;
 
 #define FMHA_CPU_KERNEL(name, ...) extern const fmha_cpu_ops fmha_ops_##name;

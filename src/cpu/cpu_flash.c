@@ -1,8 +1,10 @@
-/* cpu_flash.c — the CPU flash-attention forward. One task is 64 queries of
- * one (sequence, head); it walks the visible keys in blocks of 64 with an
- * online softmax, so memory is O(threads x tile). Tasks run under OpenMP and
- * each is computed by one thread in a fixed order: results do not depend on
- * the thread count. The arithmetic lives in the per-ISA micro-kernels. */
+/* cpu_flash.c — the CPU flash-attention forward. One task is up to
+ * FMHA_CPU_BR (256) query rows of one sequence: positions of one head, or of
+ * a small GQA group's heads side by side. It walks the visible keys in blocks
+ * of FMHA_CPU_BC (64) with an online softmax, so memory is O(threads x tile).
+ * Tasks run under OpenMP and each is computed by one thread in a fixed order:
+ * results do not depend on the thread count. The arithmetic and the moves
+ * between tensors and tiles are the ISA's micro-kernels (cpu.h). */
 #include "cpu.h"
 
 #include <math.h>
@@ -26,57 +28,67 @@ static int64_t round_up(int64_t x, int64_t m)
     return (x + m - 1) / m * m;
 }
 
-/* One thread's scratch, carved from the layer's workspace. */
-typedef struct task_scratch {
-    void *qt;      /* Q^T of the task: [d][BR] f32 or [dp/2][BR][2] bf16 */
-    void *kbuf;    /* a key block converted/padded: [BC][dp] */
-    void *vbuf;    /* a value block: [BC][dvp] f32 or [BC/2][dvp][2] bf16 */
-    float *st;     /* scores, then probabilities: [BC][BR] */
-    uint16_t *p2;  /* probabilities as bf16 pairs: [BC/2][BR][2] */
-    float *o;      /* output accumulator: [BR][dvp] */
-    float *m, *l, *alpha; /* [BR] each */
-    int64_t *lo, *hi;     /* [BR] each: the keys each query sees */
-    int64_t *row_pos, *row_head; /* [BR] each: query position and head of each row */
-} task_scratch;
-
-typedef struct layout {
-    int64_t dp, dvp;    /* padded head dims */
-    size_t offs[13], per_thread;
-} layout;
-
 static size_t align64(size_t x)
 {
     return (x + 63) & ~(size_t)63;
 }
 
-static void plan_layout(const fmha_problem *pb, const fmha_cpu_ops *ops, layout *L)
+/* One thread's scratch: the tiles of the task it runs (layouts in cpu.h). */
+typedef struct task_scratch {
+    void *qt;      /* Q^T of the task, pack_q's */
+    void *kbuf;    /* a key block, load_k's [BC][dp]; pack_q's tmp before the first */
+    void *vbuf;    /* a value block, load_v's */
+    float *st;     /* scores, then probabilities, then pack_p's P: [BC][BR] */
+    float *o;      /* output accumulator: [BR][dvp] */
+    float *m, *l, *alpha; /* [BR] each */
+    int64_t *lo, *hi;     /* [BR] each: the keys each row sees */
+    int64_t *row_pos, *row_head; /* [BR] each: query position and head of each row */
+} task_scratch;
+
+/* A bump allocator over one thread's slice of the workspace. With base NULL
+ * it only counts, so that the calls which carve a slice also size it. */
+typedef struct arena {
+    char *base;
+    size_t used;
+} arena;
+
+/* `bytes` at the next multiple of `align` (a power of two, at most the
+ * base's alignment of 64). */
+static void *arena_take(arena *a, size_t bytes, size_t align)
 {
-    L->dp = round_up(pb->d, 2);
-    L->dvp = round_up(pb->dv, ops->lanes);
-    size_t elem = ops->bf16dp ? 2 : 4;
-    size_t sizes[13] = {
-        (size_t)L->dp * BR * elem,  (size_t)BC * L->dp * elem, (size_t)BC * L->dvp * elem,
-        (size_t)BC * BR * 4,        (size_t)BC * BR * 2,       (size_t)BR * L->dvp * 4,
-        BR * 4, BR * 4, BR * 4, BR * 8, BR * 8, BR * 8, BR * 8,
-    };
-    size_t off = 0;
-    for (int i = 0; i < 13; i++) {
-        L->offs[i] = off;
-        off += align64(sizes[i]);
-    }
-    L->per_thread = off;
+    const size_t at = (a->used + align - 1) & ~(align - 1);
+    a->used = at + bytes;
+    return a->base ? a->base + at : NULL;
 }
 
-static task_scratch carve(void *base, const layout *L)
+/* Every buffer starts on its own cache line. dp, dvp: the padded head dims. */
+static void scratch_take(arena *a, const fmha_cpu_ops *ops, int64_t dp, int64_t dvp,
+                         task_scratch *s)
 {
-    char *b = base;
-    task_scratch s = {b + L->offs[0], b + L->offs[1], b + L->offs[2],
-                      (float *)(b + L->offs[3]), (uint16_t *)(b + L->offs[4]),
-                      (float *)(b + L->offs[5]), (float *)(b + L->offs[6]),
-                      (float *)(b + L->offs[7]), (float *)(b + L->offs[8]),
-                      (int64_t *)(b + L->offs[9]), (int64_t *)(b + L->offs[10]),
-                      (int64_t *)(b + L->offs[11]), (int64_t *)(b + L->offs[12])};
-    return s;
+    enum { LINE = 64 };
+    const size_t elem = (size_t)ops->elem;
+    s->qt = arena_take(a, (size_t)dp * BR * elem, LINE);
+    s->kbuf = arena_take(a, BC * (size_t)dp * elem, LINE);
+    s->vbuf = arena_take(a, BC * (size_t)dvp * elem, LINE);
+    s->st = arena_take(a, sizeof(float) * BC * BR, LINE);
+    s->o = arena_take(a, sizeof(float) * BR * (size_t)dvp, LINE);
+    s->m = arena_take(a, sizeof(float) * BR, LINE);
+    s->l = arena_take(a, sizeof(float) * BR, LINE);
+    s->alpha = arena_take(a, sizeof(float) * BR, LINE);
+    s->lo = arena_take(a, sizeof(int64_t) * BR, LINE);
+    s->hi = arena_take(a, sizeof(int64_t) * BR, LINE);
+    s->row_pos = arena_take(a, sizeof(int64_t) * BR, LINE);
+    s->row_head = arena_take(a, sizeof(int64_t) * BR, LINE);
+}
+
+/* Bytes of one thread's slice: a multiple of 64, so that every slice starts
+ * on a cache line. */
+static size_t scratch_size(const fmha_cpu_ops *ops, int64_t dp, int64_t dvp)
+{
+    arena count = {NULL, 0};
+    task_scratch unused;
+    scratch_take(&count, ops, dp, dvp, &unused);
+    return align64(count.used);
 }
 
 void fmha_cpu_workspace_free(fmha_cpu_workspace *ws)
@@ -100,60 +112,19 @@ static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
     return FMHA_STATUS_OK;
 }
 
-
-/* The next block's rows head for L2 while this one computes: rows of a head
- * sit a whole token apart, too far for the hardware prefetcher. K and V go
- * in two halves so that fewer requests are in flight at once. */
-static void prefetch_rows(const fmha_tensor *t, int64_t tb, int64_t s0, int64_t h, int64_t bytes,
+/* The next block's rows (keys [j, j + n) of the task's KV head, `bytes`
+ * each) go to L2 while this one computes: rows of a head sit a whole token
+ * apart, too far for the hardware prefetcher. K and V go in two halves so
+ * that fewer requests are in flight at once. GCC 12 at -O3 finds this
+ * function pure and drops its calls (its build issues no prefetch; clang's
+ * does). */
+static void prefetch_rows(const fmha_tensor *t, const fmha_cpu_task *tk, int64_t j, int64_t bytes,
                           int64_t n)
 {
-    for (int64_t j = 0; j < n; j++) {
-        const char *r = fmha_row(t, tb, s0 + j, h);
+    for (int64_t r = 0; r < n; r++) {
+        const char *row = fmha_row(t, tk->tb, tk->k0 + j + r, tk->hk);
         for (int64_t byte = 0; byte < bytes; byte += 64)
-            __builtin_prefetch(r + byte, 0, 2);
-    }
-}
-
-/* Q^T of the task's rows (s->row_pos/row_head, positions from token q0):
- * zero past `rows` and past d. Rows go 16 at a time so that each store fills
- * whole cache lines of Q^T. */
-static void pack_q(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t b,
-                   int64_t tb, int64_t q0, int rows, task_scratch *s)
-{
-    enum { G = 16 };
-    const fmha_tensor *q = &pb->args->q;
-    const int64_t d = pb->d;
-    if (ops->bf16dp) {
-        uint32_t *qt = s->qt; /* [dp/2][BR] bf16 pairs as 32-bit words */
-        memset(qt, 0, (size_t)L->dp * BR * 2);
-        for (int i0 = 0; i0 < rows; i0 += G) {
-            const int n = rows - i0 < G ? rows - i0 : G;
-            uint16_t *tmp = s->kbuf; /* idle until the first key block: [G][dp] */
-            for (int i = 0; i < n; i++) {
-                memcpy(tmp + i * L->dp,
-                       fmha_row(q, tb, q0 + s->row_pos[i0 + i], s->row_head[i0 + i]), (size_t)d * 2);
-                if (d < L->dp)
-                    tmp[i * L->dp + d] = 0;
-            }
-            for (int64_t cp = 0; cp < L->dp / 2; cp++)
-                for (int i = 0; i < n; i++)
-                    memcpy(&qt[cp * BR + i0 + i], tmp + i * L->dp + 2 * cp, 4);
-        }
-        return;
-    }
-    float *qt = s->qt;
-    memset(qt, 0, (size_t)d * BR * 4);
-    for (int i0 = 0; i0 < rows; i0 += G) {
-        const int n = rows - i0 < G ? rows - i0 : G;
-        float *tmp = s->kbuf; /* [G][dp] */
-        for (int i = 0; i < n; i++) {
-            const int64_t tok = q0 + s->row_pos[i0 + i], h = s->row_head[i0 + i];
-            ops->to_f32(tmp + i * L->dp, fmha_row(q, tb, tok, h), q->dtype, d,
-                       fmha_row_descale(pb, 0, b, tok, h));
-        }
-        for (int64_t c = 0; c < d; c++)
-            for (int i = 0; i < n; i++)
-                qt[c * BR + i0 + i] = tmp[i * L->dp + c];
+            __builtin_prefetch(row + byte, 0, 2);
     }
 }
 
@@ -165,175 +136,144 @@ static int64_t heads_per_task(const fmha_problem *pb)
     return pb->group <= 16 ? pb->group : 1;
 }
 
-/* Runs one task of sequence b: query positions [t * tq, ...) of the heads
- * [hg * P, hg * P + P), P = heads_per_task, tq = BR / P. Row r of the task is
- * position t * tq + r / P of head hg * P + r % P: positions never decrease
- * with r, so each row's visible keys still move right with r. */
-static void run_task(const fmha_problem *pb, const fmha_cpu_ops *ops, const layout *L, int64_t b,
-                     int64_t hg, int64_t t, task_scratch *s)
+/* Task t of head group hg of sequence b: query positions [t * tq, ...) of the
+ * heads [hg * P, hg * P + P), P = heads_per_task, tq = BR / P. Row r of the
+ * task is position t * tq + r / P of head hg * P + r % P: positions never
+ * decrease with r, so each row's visible keys move right with r. Sets tk's
+ * geometry and s's rows, their visible keys, o = 0, m = -inf and l = 0. */
+static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg, int64_t t)
 {
-    const fmha_forward_args *a = pb->args;
-    const fmha_config *cfg = pb->cfg;
-    int64_t q0, sq, k0, sk;
-    fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
-    const int64_t tb = pb->varlen ? 0 : b; /* tensor batch index */
-    const int64_t P = heads_per_task(pb), tq = BR / P;
-    const int64_t pos0 = t * tq;
-    const int rows = (int)((sq - pos0 < tq ? sq - pos0 : tq) * P);
-    const int64_t hk = hg * P / pb->group;
-    for (int r = 0; r < rows; r++) {
+    const fmha_problem *pb = tk->pb;
+    int64_t sk;
+    fmha_seq_bounds(pb, b, &tk->q0, &tk->sq, &tk->k0, &sk);
+    tk->b = b;
+    tk->tb = pb->varlen ? 0 : b;
+    const int64_t P = heads_per_task(pb), tq = BR / P, pos0 = t * tq;
+    tk->rows = (int)((tk->sq - pos0 < tq ? tk->sq - pos0 : tq) * P);
+    tk->hk = hg * P / pb->group;
+    for (int r = 0; r < tk->rows; r++) {
         s->row_pos[r] = pos0 + r / P;
         s->row_head[r] = hg * P + r % P;
+        fmha_visible_range(pb->cfg, s->row_pos[r], tk->sq, sk, &s->lo[r], &s->hi[r]);
     }
-
-    pack_q(pb, ops, L, b, tb, q0, rows, s);
-    memset(s->o, 0, (size_t)BR * L->dvp * 4);
+    memset(s->o, 0, sizeof(float) * BR * (size_t)tk->dvp);
     for (int i = 0; i < BR; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
     }
+}
 
-    /* Keys visible to each row; the intervals move right with i. */
-    for (int i = 0; i < rows; i++)
-        fmha_visible_range(cfg, s->row_pos[i], sq, sk, &s->lo[i], &s->hi[i]);
+/* The rows that see any key of the block [j0, j0 + nj) form one range
+ * [*qa, *qb) (the intervals move right with the row); on a mask's edge the
+ * rest of the task skips the block. */
+static void live_rows(const task_scratch *s, int rows, int64_t j0, int nj, int *qa, int *qb)
+{
+    int a = 0, b = rows;
+    while (a < rows && (s->hi[a] <= j0 || s->lo[a] >= s->hi[a]))
+        a++;
+    while (b > a && (s->lo[b - 1] >= j0 + nj || s->lo[b - 1] >= s->hi[b - 1]))
+        b--;
+    *qa = a;
+    *qb = b;
+}
+
+/* Rows [ia, ib) whose interval does not cover the whole block get -inf
+ * outside it; most blocks of a masked problem need none. Key j is seen by
+ * the rows [r1, r2): r1 the first with hi > j, r2 the first with lo > j;
+ * both only move forward as j grows. */
+static void mask_edges(task_scratch *s, int64_t j0, int nj, int ia, int ib)
+{
+    int r1 = ia, r2 = ia;
+    for (int j = 0; j < nj; j++) {
+        float *row = s->st + j * BR;
+        while (r1 < ib && s->hi[r1] <= j0 + j)
+            r1++;
+        while (r2 < ib && s->lo[r2] <= j0 + j)
+            r2++;
+        const int v0 = r1 < r2 ? r1 : r2, v1 = r1 < r2 ? r2 : r1;
+        for (int i = ia; i < v0; i++)
+            row[i] = -INFINITY;
+        for (int i = v1; i < ib; i++)
+            row[i] = -INFINITY;
+    }
+}
+
+/* Drops probabilities of rows [ia, ib) as the shared Philox stream says and
+ * scales the kept ones by 1 / (1 - p). */
+static void dropout(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj, int ia, int ib)
+{
+    const fmha_problem *pb = tk->pb;
+    const float keep_scale = (float)pb->drop_rescale;
+    for (int i = ia; i < ib; i++) {
+        for (int j = 0; j < nj; j++) {
+            const int64_t col = j0 + j;
+            fmha_u32x4 w = fmha_dropout_words(pb->args->seed, pb->args->offset,
+                                              tk->b * pb->heads + s->row_head[i], s->row_pos[i],
+                                              col);
+            float *p = &s->st[j * BR + i];
+            *p = w.v[col & 3] >= pb->drop_threshold ? *p * keep_scale : 0.0f;
+        }
+    }
+}
+
+/* Runs task t of head group hg of sequence b (task_begin) with tk's
+ * micro-kernels: Q^T once, then per key block QK^T, softcap, mask, online
+ * softmax, dropout and PV, then O / l and the LSE. */
+static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s, int64_t b,
+                     int64_t hg, int64_t t)
+{
+    const fmha_problem *pb = tk->pb;
+    const fmha_config *cfg = pb->cfg;
+    task_begin(tk, s, b, hg, t);
+    const int rows = tk->rows;
     const int64_t lo_first = s->lo[0], hi_first = s->hi[0];
     const int64_t lo_last = s->lo[rows - 1], hi_last = s->hi[rows - 1];
-
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
-    const int64_t kes = (int64_t)fmha_dtype_size(a->k.dtype);
-    const int64_t ves = (int64_t)fmha_dtype_size(a->v.dtype);
-    const int64_t vs = a->v.stride_seq;
+    const int64_t kbytes = pb->d * (int64_t)fmha_dtype_size(pb->args->k.dtype);
+    const int64_t vbytes = pb->dv * (int64_t)fmha_dtype_size(pb->args->v.dtype);
 
+    ops->pack_q(tk, s->qt, s->kbuf);
     for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
         const int nj = (int)(hi_last - j0 < BC ? hi_last - j0 : BC);
         const int full = lo_last <= j0 && j0 + nj <= hi_first; /* every row sees every key */
-
-        /* The queries that see any key of this block form one range (the
-         * intervals move right with i); on a mask's edge the rest of the
-         * task skips the block, whole vectors at a time. */
-        int qa = 0, qb = rows;
-        if (!full) {
-            while (qa < rows && (s->hi[qa] <= j0 || s->lo[qa] >= s->hi[qa]))
-                qa++;
-            while (qb > qa && (s->lo[qb - 1] >= j0 + nj || s->lo[qb - 1] >= s->hi[qb - 1]))
-                qb--;
-        }
+        int qa, qb;
+        live_rows(s, rows, j0, nj, &qa, &qb);
         if (qa >= qb)
             continue;
-        const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ; /* first live query, vector aligned */
-        const int nqb = (int)round_up(qb, FMHA_CPU_NQ) - qv;
-        float *st = s->st + qv;
-        const void *qt = ops->bf16dp ? (const void *)((const uint16_t *)s->qt + 2 * qv)
-                                     : (const void *)((const float *)s->qt + qv);
-        float *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
-        float *o = s->o + (int64_t)qv * L->dvp;
-        const int ia = qv, ib = qv + nqb < rows ? qv + nqb : rows; /* real rows in play */
-
+        /* The live rows widened to whole vectors: nq queries from qv, of
+         * which [qv, ib) are real rows. */
+        const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ;
+        const int nq = (int)round_up(qb, FMHA_CPU_NQ) - qv;
+        const int ib = qv + nq < rows ? qv + nq : rows;
+        const void *qt = (const char *)s->qt + (size_t)qv * 4; /* 4-byte cells */
+        float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
+        float *o = s->o + (int64_t)qv * tk->dvp;
         const int64_t next = hi_last - (j0 + BC) < BC ? hi_last - (j0 + BC) : BC;
-        prefetch_rows(&a->k, tb, k0 + j0 + BC, hk, pb->d * kes, next);
-        /* Key rows are copied into a dense block: rows a token apart alias in
-         * L1 and the copy costs less than the misses. */
-        if (ops->bf16dp) {
-            uint16_t *kb = s->kbuf;
-            for (int j = 0; j < nj; j++) {
-                memcpy(kb + j * L->dp, fmha_row(&a->k, tb, k0 + j0 + j, hk), (size_t)pb->d * 2);
-                if (pb->d < L->dp) /* odd head dim: the pair's second half is 0 */
-                    kb[j * L->dp + pb->d] = 0;
-            }
-        } else {
-            float *kb = s->kbuf;
-            for (int j = 0; j < nj; j++)
-                ops->to_f32(kb + j * L->dp, fmha_row(&a->k, tb, k0 + j0 + j, hk), a->k.dtype,
-                           pb->d, fmha_row_descale(pb, 1, b, k0 + j0 + j, hk));
-        }
-        ops->qk(s->kbuf, L->dp, nj, nqb, qt, ops->bf16dp ? L->dp : pb->d, st);
 
+        prefetch_rows(&pb->args->k, tk, j0 + BC, kbytes, next);
+        ops->load_k(tk, j0, nj, s->kbuf);
+        ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
         if (cfg->softcap > 0)
-            ops->softcap(st, nj, nqb, (float)pb->scale, (float)cfg->softcap);
-
-        /* Rows whose interval does not cover the whole block get -inf
-         * outside it; most blocks of a masked problem need none. */
-        if (!full) {
-            /* Key j is seen by the rows [r1, r2): r1 the first with hi > j, r2
-             * the first with lo > j; both only move forward as j grows. */
-            int r1 = ia, r2 = ia;
-            for (int j = 0; j < nj; j++) {
-                float *row = s->st + j * BR;
-                while (r1 < ib && s->hi[r1] <= j0 + j)
-                    r1++;
-                while (r2 < ib && s->lo[r2] <= j0 + j)
-                    r2++;
-                const int v0 = r1 < r2 ? r1 : r2, v1 = r1 < r2 ? r2 : r1;
-                for (int i = ia; i < v0; i++)
-                    row[i] = -INFINITY;
-                for (int i = v1; i < ib; i++)
-                    row[i] = -INFINITY;
-            }
-        }
-
-        ops->softmax(st, nj, nqb, scale, m, l, alpha);
-
-        if (pb->drop_threshold) {
-            const float keep_scale = (float)pb->drop_rescale;
-            for (int i = ia; i < ib; i++) {
-                for (int j = 0; j < nj; j++) {
-                    int64_t col = j0 + j;
-                    fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset,
-                                                      b * pb->heads + s->row_head[i],
-                                                      s->row_pos[i], col);
-                    float *p = &s->st[j * BR + i];
-                    *p = w.v[col & 3] >= pb->drop_threshold ? *p * keep_scale : 0.0f;
-                }
-            }
-        }
-
-        prefetch_rows(&a->v, tb, k0 + j0 + BC, hk, pb->dv * ves, next);
-        if (ops->bf16dp) {
-            ops->pack_p(st, nj, nqb, s->p2 + 2 * qv);
-            ops->pack_v((const uint16_t *)fmha_row(&a->v, tb, k0 + j0, hk), vs, nj, pb->dv, L->dvp,
-                        s->vbuf);
-            ops->pv(s->p2 + 2 * qv, nj, nqb, s->vbuf, L->dvp, L->dvp, alpha, o);
-        } else {
-            float *vb = s->vbuf;
-            for (int j = 0; j < nj; j++) {
-                ops->to_f32(vb + j * L->dvp, fmha_row(&a->v, tb, k0 + j0 + j, hk),
-                           a->v.dtype, pb->dv, fmha_row_descale(pb, 2, b, k0 + j0 + j, hk));
-                for (int64_t c = pb->dv; c < L->dvp; c++)
-                    vb[j * L->dvp + c] = 0.0f;
-            }
-            ops->pv(st, nj, nqb, vb, L->dvp, L->dvp, alpha, o);
-        }
+            ops->softcap(st, nj, nq, (float)pb->scale, (float)cfg->softcap);
+        if (!full)
+            mask_edges(s, j0, nj, qv, ib);
+        ops->softmax(st, nj, nq, scale, m, l, alpha);
+        if (pb->drop_threshold)
+            dropout(tk, s, j0, nj, qv, ib);
+        prefetch_rows(&pb->args->v, tk, j0 + BC, vbytes, next);
+        ops->load_v(tk, j0, nj, s->vbuf);
+        ops->pack_p(st, nj, nq);
+        ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);
     }
-
-    /* Normalise and store; rows that saw no key are 0 with LSE -inf. */
-    const fmha_tensor *out = &a->out;
-    for (int i = 0; i < rows; i++) {
-        const float l = s->l[i];
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int64_t pos = s->row_pos[i], h = s->row_head[i];
-        char *orow = fmha_row(out, tb, q0 + pos, h);
-        const float *acc = s->o + (int64_t)i * L->dvp;
-        if (out->dtype == FMHA_DTYPE_F32) {
-            for (int64_t c = 0; c < pb->dv; c++)
-                ((float *)orow)[c] = acc[c] * inv;
-        } else {
-            for (int64_t c = 0; c < pb->dv; c++)
-                fmha_store_f32(orow, out->dtype, c, acc[c] * inv);
-        }
-        if (a->lse) {
-            int64_t idx = pb->varlen ? h * a->q.seqlen + q0 + pos : (b * pb->heads + h) * sq + pos;
-            a->lse[idx] = l > 0.0f ? (float)((s->m[i] + log2((double)l)) * 0.6931471805599453)
-                                   : -INFINITY;
-        }
-    }
+    ops->store(tk, s->o, s->m, s->l);
 }
 
 fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
                              fmha_cpu_workspace *ws)
 {
     const fmha_cpu_ops *ops = ops_table[kernel->id];
-    layout L;
-    plan_layout(pb, ops, &L);
+    const int64_t dp = round_up(pb->d, 2), dvp = round_up(pb->dv, ops->lanes);
+    const size_t per_thread = scratch_size(ops, dp, dvp);
 
     /* Tasks: (sequence, head group, query tile), counts prefix-summed over sequences. */
     const int64_t P = heads_per_task(pb), tq = BR / P, groups = pb->heads / P;
@@ -357,7 +297,11 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
 #endif
     if (nthreads > ntasks)
         nthreads = ntasks > 0 ? (int)ntasks : 1;
-    fmha_status st = workspace_reserve(ws, L.per_thread * (size_t)nthreads);
+    fmha_status st = (size_t)nthreads > SIZE_MAX / per_thread
+                         ? fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                          "CPU workspace of %d x %zu bytes overflows", nthreads,
+                                          per_thread)
+                         : workspace_reserve(ws, per_thread * (size_t)nthreads);
     if (st != FMHA_STATUS_OK) {
         free(tile_start);
         return st;
@@ -369,7 +313,11 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        task_scratch s = carve((char *)ws->buf + L.per_thread * (size_t)tid, &L);
+        arena slice = {(char *)ws->buf + per_thread * (size_t)tid, 0};
+        task_scratch s;
+        scratch_take(&slice, ops, dp, dvp, &s);
+        fmha_cpu_task tk = {.pb = pb, .dp = dp, .dvp = dvp, .row_pos = s.row_pos,
+                            .row_head = s.row_head};
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {
@@ -382,7 +330,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
                     hi = mid;
             }
             int64_t local = task - tile_start[lo];
-            run_task(pb, ops, &L, lo, local % groups, local / groups, &s);
+            run_task(ops, &tk, &s, lo, local % groups, local / groups);
         }
     }
     free(tile_start);

@@ -1,5 +1,6 @@
 /* cpu_ops_avx2.c — AVX2 + FMA micro-kernels: cpu_ops_f32.h over 8-lane
- * vectors. Compiled with AVX2 flags; called only after cpuid.c found them. */
+ * vectors, cpu_ops_io.h over this file's to_f32. Compiled with AVX2 flags;
+ * called only after cpuid.c found them. */
 #include "cpu.h"
 
 #include <immintrin.h>
@@ -98,12 +99,18 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
         dst[i] = fmha_load_f32(src, dtype, i);
 }
 
+#include "cpu_ops_io.h"
+
 const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
     .lanes = VL,
-    .bf16dp = 0,
-    .to_f32 = to_f32,
+    .elem = 4,
+    .pack_q = pack_q,
+    .load_k = load_k,
+    .load_v = load_v,
     .qk = qk,
     .softcap = softcap,
     .softmax = softmax,
+    .pack_p = pack_p,
     .pv = pv,
+    .store = store,
 };

@@ -1,6 +1,7 @@
 /* cpu_ops_avx512.c — AVX-512 micro-kernels: the f32 ones (cpu_ops_f32.h over
- * 16-lane vectors) and, for bf16 inputs on CPUs with AVX512_BF16, the bf16
- * pair kernels built on vdpbf16ps (two products per lane per instruction).
+ * 16-lane vectors, cpu_ops_io.h over this file's to_f32) and, for bf16 inputs
+ * on CPUs with AVX512_BF16, the bf16 pair kernels built on vdpbf16ps (two
+ * products per lane per instruction), whose loads pair the rows themselves.
  * Compiled with AVX-512 flags; called only after cpuid.c found the ISA. */
 #include "cpu.h"
 
@@ -103,14 +104,20 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
     }
 }
 
+#include "cpu_ops_io.h"
+
 const fmha_cpu_ops fmha_ops_cpu_avx512_f32 = {
     .lanes = VL,
-    .bf16dp = 0,
-    .to_f32 = to_f32,
+    .elem = 4,
+    .pack_q = pack_q,
+    .load_k = load_k,
+    .load_v = load_v,
     .qk = qk,
     .softcap = softcap,
     .softmax = softmax,
+    .pack_p = pack_p,
     .pv = pv,
+    .store = store,
 };
 
 /* ------------------------------------------------------------ bf16 pairs */
@@ -140,7 +147,7 @@ qk_bf16_tile(const uint16_t *k, int64_t ks, const uint16_t *qt, int64_t d, float
         for (int x = 0; x < nv; x++)
             acc[r][x] = _mm512_setzero_ps();
     const uint16_t *kr = k + (int64_t)j0 * ks;
-    for (int64_t c = 0; c < d / 2; c++) {
+    for (int64_t c = 0; c < (d + 1) / 2; c++) {
         __m512i q[4];
         for (int x = 0; x < nv; x++)
             q[x] = _mm512_loadu_si512(qt + (c * BR + (x0 + x) * 16) * 2);
@@ -217,13 +224,11 @@ pv_bf16_columns(const uint16_t *p2, int njp, int nq, const uint16_t *v2, int64_t
 }
 
 __attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int nj, int nq,
-                                                          const void *vv, int64_t vs,
-                                                          int64_t dvp, const float *alpha,
-                                                          float *o)
+                                                          const void *vv, int64_t dvp,
+                                                          const float *alpha, float *o)
 {
     const uint16_t *p2 = pv_, *v2 = vv;
     const int njp = (nj + 1) / 2;
-    (void)vs;
     int64_t c0 = 0;
     for (; c0 + 64 <= dvp; c0 += 64)
         pv_bf16_columns(p2, njp, nq, v2, dvp, alpha, o, c0, 4);
@@ -249,9 +254,11 @@ static inline __m512i interleave_hi(__m512i a, __m512i b)
     return _mm512_permutex2var_epi16(a, idx, b);
 }
 
-__attribute__((target("avx512bf16"))) static void pack_p(const float *st, int nj, int nq,
-                                                         uint16_t *p2)
+/* In place: pair row j/2 overwrites st row j/2, which the rows j, j + 1
+ * (both >= j/2) read before it have left behind. */
+__attribute__((target("avx512bf16"))) static void pack_p_bf16(float *st, int nj, int nq)
 {
+    uint16_t *p2 = (uint16_t *)st;
     for (int j = 0; j < nj; j += 2) {
         for (int x = 0; x < nq / 16; x++) {
             __m512 a = _mm512_loadu_ps(st + j * BR + x * 16);
@@ -265,16 +272,59 @@ __attribute__((target("avx512bf16"))) static void pack_p(const float *st, int nj
     }
 }
 
-static void pack_v(const uint16_t *v, int64_t vs, int nj, int64_t dv, int64_t dvp, uint16_t *v2)
+/* Q^T as pairs of channels: rows go 16 at a time through tmp ([16][dp],
+ * zero past d) so that each store fills whole cache lines of Q^T. */
+static void pack_q_bf16(const fmha_cpu_task *t, void *qtv, void *tmpv)
 {
+    enum { G = 16 };
+    const fmha_tensor *q = &t->pb->args->q;
+    const int64_t d = t->pb->d, dp = t->dp;
+    uint32_t *qt = qtv; /* [dp/2][BR] bf16 pairs as 32-bit words */
+    uint16_t *tmp = tmpv;
+    memset(qt, 0, (size_t)dp * BR * 2);
+    for (int i0 = 0; i0 < t->rows; i0 += G) {
+        const int n = t->rows - i0 < G ? t->rows - i0 : G;
+        for (int i = 0; i < n; i++) {
+            const int64_t tok = t->q0 + t->row_pos[i0 + i], h = t->row_head[i0 + i];
+            memcpy(tmp + i * dp, fmha_row(q, t->tb, tok, h), (size_t)d * 2);
+            if (d < dp)
+                tmp[i * dp + d] = 0;
+        }
+        for (int64_t cp = 0; cp < dp / 2; cp++)
+            for (int i = 0; i < n; i++)
+                memcpy(&qt[cp * BR + i0 + i], tmp + i * dp + 2 * cp, 4);
+    }
+}
+
+/* Key rows copied into a dense block, as load_k's in cpu_ops_io.h. */
+static void load_k_bf16(const fmha_cpu_task *t, int64_t j0, int nj, void *kbv)
+{
+    const fmha_tensor *k = &t->pb->args->k;
+    const int64_t d = t->pb->d;
+    uint16_t *kb = kbv;
+    for (int j = 0; j < nj; j++) {
+        memcpy(kb + j * t->dp, fmha_row(k, t->tb, t->k0 + j0 + j, t->hk), (size_t)d * 2);
+        if (d < t->dp) /* odd head dim: the pair's second half is 0 */
+            kb[j * t->dp + d] = 0;
+    }
+}
+
+/* Value rows j, j + 1 interleaved into pair row j/2. */
+static void load_v_bf16(const fmha_cpu_task *t, int64_t j0, int nj, void *vbv)
+{
+    const fmha_tensor *v = &t->pb->args->v;
+    const int64_t dv = t->pb->dv, dvp = t->dvp;
     for (int j = 0; j < nj; j += 2) {
-        const uint16_t *ra = v + j * vs, *rb = v + (j + 1) * vs;
-        uint16_t *dst = v2 + (j / 2) * dvp * 2;
+        const int64_t tok = t->k0 + j0 + j;
+        const uint16_t *ra = (const uint16_t *)fmha_row(v, t->tb, tok, t->hk);
+        const uint16_t *rb =
+            j + 1 < nj ? (const uint16_t *)fmha_row(v, t->tb, tok + 1, t->hk) : NULL;
+        uint16_t *dst = (uint16_t *)vbv + (j / 2) * dvp * 2;
         for (int64_t c = 0; c < dvp; c += 32) {
             int64_t left = dv - c;
             __mmask32 mk = left >= 32 ? 0xffffffffu : left > 0 ? (__mmask32)((1u << left) - 1) : 0;
             __m512i a = _mm512_maskz_loadu_epi16(mk, ra + c);
-            __m512i b = j + 1 < nj ? _mm512_maskz_loadu_epi16(mk, rb + c) : _mm512_setzero_si512();
+            __m512i b = rb ? _mm512_maskz_loadu_epi16(mk, rb + c) : _mm512_setzero_si512();
             _mm512_storeu_si512(dst + c * 2, interleave_lo(a, b));
             if (c + 16 < dvp)
                 _mm512_storeu_si512(dst + c * 2 + 32, interleave_hi(a, b));
@@ -284,12 +334,14 @@ static void pack_v(const uint16_t *v, int64_t vs, int nj, int64_t dv, int64_t dv
 
 const fmha_cpu_ops fmha_ops_cpu_avx512_bf16dp = {
     .lanes = VL,
-    .bf16dp = 1,
-    .to_f32 = to_f32,
+    .elem = 2,
+    .pack_q = pack_q_bf16,
+    .load_k = load_k_bf16,
+    .load_v = load_v_bf16,
     .qk = qk_bf16,
     .softcap = softcap,
     .softmax = softmax,
+    .pack_p = pack_p_bf16,
     .pv = pv_bf16,
-    .pack_p = pack_p,
-    .pack_v = pack_v,
+    .store = store,
 };

@@ -1,9 +1,9 @@
-/* cpu_ops_f32.h — the f32 micro-kernels, written once over a small vector
- * vocabulary and included by each SIMD ISA file (cpu_ops_avx2.c,
- * cpu_ops_avx512.c), which defines the vocabulary first:
+/* cpu_ops_f32.h — the f32 mainloop micro-kernels (qk, pv, softmax, softcap),
+ * written once over a small vector vocabulary and included by each SIMD ISA
+ * file (cpu_ops_avx2.c, cpu_ops_avx512.c), which defines the vocabulary first:
  *   V, VL, VLOAD, VSTORE, VSET1, VZERO, VFMA(a, b, c) = a * b + c, VMUL, VADD,
- *   VSUB, VMAX, VDIV, VEXP2 (2^x, exactly 0 for x < -126), VIS_NEG_INF(x) -> V,
- *   VSELECT(mask_from_VIS_NEG_INF, if_true, if_false),
+ *   VSUB, VMAX, VDIV, VEXP2 (2^x, exactly 0 for x < -126),
+ *   VIS_NEG_INF(x), VIS_NEGATIVE(x) -> masks for VSELECT(mask, if_true, if_false),
  *   QK_MR/QK_NV (keys x query-vectors per qk register tile),
  *   PV_MR/PV_NV (queries x value-vectors per pv register tile).
  * Tile contracts are in cpu.h. */
@@ -59,8 +59,8 @@ static void qk(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int6
 }
 
 /* An mr x nv register tile of o: queries i0.., value columns c0... */
-INLINE void pv_tile(const float *p, int nj, const float *v, int64_t vs, int64_t dvp,
-                    const float *alpha, float *o, int i0, int64_t c0, const int mr, const int nv)
+INLINE void pv_tile(const float *p, int nj, const float *v, int64_t dvp, const float *alpha,
+                    float *o, int i0, int64_t c0, const int mr, const int nv)
 {
     V acc[PV_MR][PV_NV];
     for (int r = 0; r < mr; r++) {
@@ -71,7 +71,7 @@ INLINE void pv_tile(const float *p, int nj, const float *v, int64_t vs, int64_t 
     for (int j = 0; j < nj; j++) {
         V vv[PV_NV];
         for (int x = 0; x < nv; x++)
-            vv[x] = VLOAD(v + j * vs + c0 + x * VL);
+            vv[x] = VLOAD(v + j * dvp + c0 + x * VL);
         for (int r = 0; r < mr; r++) {
             V pb = VSET1(p[j * T_BR + i0 + r]);
             for (int x = 0; x < nv; x++)
@@ -84,25 +84,25 @@ INLINE void pv_tile(const float *p, int nj, const float *v, int64_t vs, int64_t 
 }
 
 /* Rows in blocks of PV_MR, then one at a time; nv is a compile-time count. */
-INLINE void pv_columns(const float *p, int nj, int nq, const float *v, int64_t vs, int64_t dvp,
+INLINE void pv_columns(const float *p, int nj, int nq, const float *v, int64_t dvp,
                        const float *alpha, float *o, int64_t c0, const int nv)
 {
     int i = 0;
     for (; i + PV_MR <= nq; i += PV_MR)
-        pv_tile(p, nj, v, vs, dvp, alpha, o, i, c0, PV_MR, nv);
+        pv_tile(p, nj, v, dvp, alpha, o, i, c0, PV_MR, nv);
     for (; i < nq; i++)
-        pv_tile(p, nj, v, vs, dvp, alpha, o, i, c0, 1, nv);
+        pv_tile(p, nj, v, dvp, alpha, o, i, c0, 1, nv);
 }
 
-static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int64_t dvp,
-               const float *alpha, float *o)
+static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t dvp, const float *alpha,
+               float *o)
 {
     const float *p = pv_, *v = vv;
     int64_t c0 = 0;
     for (; c0 + PV_NV * VL <= dvp; c0 += PV_NV * VL)
-        pv_columns(p, nj, nq, v, vs, dvp, alpha, o, c0, PV_NV);
+        pv_columns(p, nj, nq, v, dvp, alpha, o, c0, PV_NV);
     for (; c0 < dvp; c0 += VL)
-        pv_columns(p, nj, nq, v, vs, dvp, alpha, o, c0, 1);
+        pv_columns(p, nj, nq, v, dvp, alpha, o, c0, 1);
 }
 
 /* s * scale, rounded on its own: the maximum and the subtraction must see the

@@ -1,5 +1,6 @@
 /* cpu_ops_scalar.c — portable C micro-kernels for the CPU driver: any CPU,
- * plain loops, the same tile contracts as the SIMD versions (cpu.h). */
+ * plain loops, the same tile contracts as the SIMD versions (cpu.h); loads
+ * and store from cpu_ops_io.h over this file's to_f32. */
 #include "cpu.h"
 
 #include <math.h>
@@ -16,6 +17,8 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
     for (int64_t i = 0; i < n; i++)
         dst[i] = fmha_load_f32(src, dtype, i);
 }
+
+#include "cpu_ops_io.h"
 
 static void qk(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int64_t d, float *st)
 {
@@ -61,8 +64,8 @@ static void softmax(float *st, int nj, int nq, float scale, float *m, float *l, 
     }
 }
 
-static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int64_t dvp,
-               const float *alpha, float *o)
+static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t dvp, const float *alpha,
+               float *o)
 {
     const float *p = pv_, *v = vv;
     for (int i = 0; i < nq; i++) {
@@ -71,7 +74,7 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int6
             orow[c] *= alpha[i];
         for (int j = 0; j < nj; j++) {
             const float pij = p[j * BR + i];
-            const float *vrow = v + j * vs;
+            const float *vrow = v + j * dvp;
             for (int64_t c = 0; c < dvp; c++)
                 orow[c] += pij * vrow[c];
         }
@@ -80,10 +83,14 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t vs, int6
 
 const fmha_cpu_ops fmha_ops_cpu_scalar_f32 = {
     .lanes = 1,
-    .bf16dp = 0,
-    .to_f32 = to_f32,
+    .elem = 4,
+    .pack_q = pack_q,
+    .load_k = load_k,
+    .load_v = load_v,
     .qk = qk,
     .softcap = softcap,
     .softmax = softmax,
+    .pack_p = pack_p,
     .pv = pv,
+    .store = store,
 };

@@ -112,7 +112,7 @@ class SectionWriting(unittest.TestCase):
             return
         dirty = results_md._run(["git", "status", "--porcelain", "--untracked-files=no"])
         self.assertEqual(commit.endswith("-dirty"), bool(dirty))
-        changed = [line[3:] for line in dirty.splitlines()]
+        changed = [line.split(maxsplit=1)[1] for line in dirty.splitlines()]
         if len(changed) == 1:  # the only change is the results file: not dirty
             top = results_md._run(["git", "rev-parse", "--show-toplevel"])
             self.assertFalse(results_md.git_commit(exclude=[os.path.join(top, changed[0])]).endswith("-dirty"))

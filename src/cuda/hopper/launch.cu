@@ -13,8 +13,8 @@
  * scratch (vt_kernel below) with the keys of each 16-key group permuted to
  * match the order in which S's accumulator fragment hands P to the second
  * GEMM. The descales fold into the softmax scale and the final 1 / l. */
-#include "cuda_common.cuh"
-#include "hopper_sched.cuh"
+#include "../cuda_common.cuh"
+#include "sched.cuh"
 
 #include <cuda.h> /* CUtensorMap */
 #include <cudaTypedefs.h>

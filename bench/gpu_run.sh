@@ -36,7 +36,7 @@ for step in "$@"; do
         summary+=("test_cuda rc=$? $(tail -1 "$OUT/test_cuda.log")")
         grep FAIL "$OUT/test_cuda.log" | head -20 ;;
     sass) # the Hopper kernel must issue HGMMA and keep its registers out of local memory
-        cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/cuda_hopper.cu.o > "$OUT/hopper.sass" 2>&1
+        cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/hopper/launch.cu.o > "$OUT/hopper.sass" 2>&1
         summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -c QGMMA "$OUT/hopper.sass") QGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")
         grep -E "hopper.*(spill|stack)" "$OUT/build.log" | head -4 ;;
     ncu) # one Hopper launch of the flux shape per dtype under Nsight Compute (clocks left alone; NCU_DTYPE: "bf16 fp8")

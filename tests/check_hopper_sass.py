@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Checks the Hopper kernel's machine code (cuobjdump of cuda_hopper.cu's object).
+"""Checks the Hopper kernel's machine code (cuobjdump of the object compiled
+from src/cuda/hopper/launch.cu, the kernel's one translation unit).
 
 usage: check_hopper_sass.py OBJECT [OBJECT ...]   (the library's objects; the
-       one compiled from cuda_hopper.cu is used)
+       one compiled from hopper/launch.cu is used)
 
 For every hopper_fwd variant:
   - the GEMMs are wgmma (HGMMA for 16-bit inputs, QGMMA for FP8);
@@ -84,9 +85,10 @@ def check_variant(d, inp, dropout, two_level, cl, ins):
 
 
 def main(argv):
-    objs = [a for a in argv[1:] if "cuda_hopper" in os.path.basename(a)]
+    objs = [a for a in argv[1:]
+            if os.path.basename(os.path.dirname(a)) == "hopper" and os.path.basename(a).startswith("launch.")]
     if len(objs) != 1:
-        print(f"expected one cuda_hopper object among the arguments, got {len(objs)}")
+        print(f"expected one hopper/launch object among the arguments, got {len(objs)}")
         return 2
     tool = find_cuobjdump()
     if not tool:

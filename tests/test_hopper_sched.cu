@@ -1,11 +1,11 @@
 /* test_hopper_sched.cu — the Hopper kernel's tile schedule (src/cuda/
- * hopper_sched.cuh), checked on the host without a GPU: on edge-case, model
+ * hopper/sched.cuh), checked on the host without a GPU: on edge-case, model
  * and random launches under every mode, every key tile of every query tile
  * runs exactly once, whole tiles go straight to the output, split pieces get
  * slots of their own, the merge finds exactly the pieces of each split
  * tile, and the two blocks of a cluster run neighbouring tiles of one head
  * over the same keys in step (they share each K/V load). */
-#include "cuda/hopper_sched.cuh"
+#include "cuda/hopper/sched.cuh"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -148,7 +148,7 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
     if (fmha_validate_forward(cfg, a, &pb) != FMHA_STATUS_OK)
         return -1;
     const fmha_dtype p_dtype = cfg->dtype; /* 16-bit attention multiplies P in 16 bits */
-    /* FP8 on CUDA multiplies P in e4m3, times 2^shift (cuda_hopper.cu); the
+    /* FP8 on CUDA multiplies P in e4m3, times 2^shift (cuda/hopper/launch.cu); the
      * CPU's FP8 kernels keep P in f32. */
     const int p_e4m3 = p_dtype == FMHA_DTYPE_F8_E4M3 && cfg->device == FMHA_DEVICE_CUDA;
     const int64_t per_thread = pb.max_sk + 1 + pb.dv; /* scores, then the accumulator */

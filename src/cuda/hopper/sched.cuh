@@ -1,4 +1,4 @@
-/* hopper_sched.cuh — how the Hopper kernel (cuda_hopper.cu) deals its query
+/* sched.cuh — how the Hopper kernel (src/cuda/hopper/) deals its query
  * tiles to blocks: integer arithmetic only, the same on the host (plan, and
  * tests/test_hopper_sched.cu, which checks it on every kind of launch without
  * a GPU) and on the device (the kernel's piece walk and the merge).
@@ -25,7 +25,7 @@
  * over the same keys. Slots stay per block: 2 c + j. */
 #pragma once
 
-#include "cuda_common.cuh" /* fmha_schedule, min64 */
+#include "../cuda_common.cuh" /* fmha_schedule, min64 */
 
 #include <stdint.h>
 

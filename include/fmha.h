@@ -53,9 +53,9 @@
 extern "C" {
 #endif
 
-#define FMHA_VERSION_MAJOR 0
-#define FMHA_VERSION_MINOR 1
-#define FMHA_VERSION_PATCH 0
+#define FMHA_VERSION_MAJOR  0
+#define FMHA_VERSION_MINOR  1
+#define FMHA_VERSION_PATCH  0
 #define FMHA_VERSION_STRING "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -65,7 +65,7 @@ typedef enum fmha_status {
     FMHA_STATUS_INVALID_ARGUMENT, /* the caller passed something impossible */
     FMHA_STATUS_UNSUPPORTED,      /* valid, but no backend here can run it */
     FMHA_STATUS_OUT_OF_MEMORY,
-    FMHA_STATUS_BACKEND_ERROR     /* a device runtime failed; message has its text */
+    FMHA_STATUS_BACKEND_ERROR /* a device runtime failed; message has its text */
 } fmha_status;
 
 /* A fixed name for a status ("FMHA_STATUS_INVALID_ARGUMENT"). */
@@ -111,15 +111,12 @@ fmha_tensor fmha_tensor_bshd(void *data, fmha_dtype dtype, int64_t batch, int64_
 fmha_tensor fmha_tensor_bhsd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
                              int64_t heads, int64_t head_dim);
 /* Contiguous packed [total_tokens, heads, head_dim]. */
-fmha_tensor fmha_tensor_packed(void *data, fmha_dtype dtype, int64_t total_tokens,
-                               int64_t heads, int64_t head_dim);
+fmha_tensor fmha_tensor_packed(void *data, fmha_dtype dtype, int64_t total_tokens, int64_t heads,
+                               int64_t head_dim);
 
 /* ------------------------------------------------------------ configuration */
 
-typedef enum fmha_device {
-    FMHA_DEVICE_CPU = 0,
-    FMHA_DEVICE_CUDA
-} fmha_device;
+typedef enum fmha_device { FMHA_DEVICE_CPU = 0, FMHA_DEVICE_CUDA } fmha_device;
 
 /* Instruction set for the CPU backend. AUTO picks the best the CPU and OS
  * support, except that avx512-bf16 is taken only where vdpbf16ps runs at twice
@@ -129,9 +126,9 @@ typedef enum fmha_device {
  * machine lacks is an error, not a silent downgrade). */
 typedef enum fmha_cpu_isa {
     FMHA_CPU_ISA_AUTO = 0,
-    FMHA_CPU_ISA_SCALAR,     /* portable C, any CPU */
-    FMHA_CPU_ISA_AVX2,       /* AVX2 + FMA + F16C */
-    FMHA_CPU_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ, f32 arithmetic for every input dtype */
+    FMHA_CPU_ISA_SCALAR,      /* portable C, any CPU */
+    FMHA_CPU_ISA_AVX2,        /* AVX2 + FMA + F16C */
+    FMHA_CPU_ISA_AVX512,      /* AVX-512 F/BW/VL/DQ, f32 arithmetic for every input dtype */
     FMHA_CPU_ISA_AVX512_BF16, /* as AVX512, with bf16 inputs on vdpbf16ps (AVX512_BF16) */
     FMHA_CPU_ISA_LAST = FMHA_CPU_ISA_AVX512_BF16
 } fmha_cpu_isa;
@@ -195,8 +192,7 @@ typedef struct fmha_config {
 
 /* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),
  * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads, no FP8 compute. */
-void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_dim);
+void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 
 /* -------------------------------------------------------------- forward args */
 
@@ -280,7 +276,7 @@ typedef struct fmha_forward_args {
 /* ------------------------------------------------------------ kernel choice */
 
 typedef struct fmha_kernel_info {
-    int id;               /* index in fmha's kernel table (src/kernels.def) */
+    int id; /* index in fmha's kernel table (src/kernels.def) */
     fmha_device device;
     fmha_cpu_isa cpu_isa; /* for CPU kernels */
     const char *name;     /* e.g. "cpu_avx512_bf16dp": static storage */
@@ -378,8 +374,8 @@ double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64
 
 /* Keep-mask bit of the dropout stream for one element (see fmha_forward_args):
  * returns 1 if element (seq, head, row, col) is kept with probability 1 - p. */
-int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
-                      int64_t head, int64_t row, int64_t col, double p);
+int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads, int64_t head,
+                      int64_t row, int64_t col, double p);
 
 /* -------------------------------------------------------------------- FP8 */
 

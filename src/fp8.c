@@ -30,7 +30,7 @@ uint8_t fmha_f32_to_e4m3(float x)
     uint32_t e = a >> 23;
     uint32_t man = e ? (a & 0x7fffffu) | 0x800000u : a;
     uint32_t shift = 141u - (e ? e : 1u); /* >= 21 here */
-    if (shift > 24) /* man < 2^24 <= half: below 2^-10 */
+    if (shift > 24)                       /* man < 2^24 <= half: below 2^-10 */
         return sign;
     uint32_t q = man >> shift, rem = man & ((1u << shift) - 1u), half = 1u << (shift - 1);
     q += rem > half || (rem == half && (q & 1u));
@@ -61,7 +61,8 @@ static const char *row_of(const fmha_tensor *t, int64_t b, int64_t s, int64_t h)
 static int parallel_worth(const fmha_tensor *x, const fp8_group *g)
 {
     return (double)(g->b1 - g->b0) * (double)(g->s1 - g->s0) * (double)(g->h1 - g->h0) *
-               (double)x->head_dim >= 65536.0;
+               (double)x->head_dim >=
+           65536.0;
 }
 
 static int find_inf(const fmha_tensor *x, int64_t at[4])

@@ -18,14 +18,14 @@
 typedef struct fmha_problem {
     const fmha_config *cfg;
     const fmha_forward_args *args;
-    int64_t batch;          /* sequences (padded batch or varlen_batch) */
+    int64_t batch;                  /* sequences (padded batch or varlen_batch) */
     int64_t heads, kv_heads, group; /* group = heads / kv_heads */
-    int64_t d, dv;          /* head dims */
-    int64_t max_sq, max_sk; /* longest sequences */
+    int64_t d, dv;                  /* head dims */
+    int64_t max_sq, max_sk;         /* longest sequences */
     int varlen;
-    double scale;           /* resolved softmax scale */
+    double scale;            /* resolved softmax scale */
     uint32_t drop_threshold; /* keep iff philox word >= threshold; 0 = no dropout */
-    double drop_rescale;    /* 1 / (1 - p) */
+    double drop_rescale;     /* 1 / (1 - p) */
 } fmha_problem;
 
 /* Per-sequence geometry: where sequence b starts and how long it is. */

@@ -24,12 +24,12 @@ void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
 }
 
 struct fmha_layer {
-    fmha_config cfg;           /* as the caller gave it */
-    fmha_plan plan;            /* made once, at init */
-    fmha_plan last;            /* the plan of the latest call (plan before the first) */
+    fmha_config cfg; /* as the caller gave it */
+    fmha_plan plan;  /* made once, at init */
+    fmha_plan last;  /* the plan of the latest call (plan before the first) */
     const fmha_backend *be;
-    fmha_workspace ws;         /* the backend's host scratch */
-    fmha_workspace fp8;        /* FP8 path: q, k, v codes and scales, in the backend's memory */
+    fmha_workspace ws;  /* the backend's host scratch */
+    fmha_workspace fp8; /* FP8 path: q, k, v codes and scales, in the backend's memory */
 };
 
 fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)

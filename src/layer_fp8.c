@@ -102,7 +102,8 @@ fmha_status fmha_fp8_layer_forward(const fmha_plan *plan, const fmha_backend *be
     const int smooth = cfg->fp8_smooth_k;
     fp8_layout L;
     fmha_status st = plan_scratch(be, args, per_block, smooth, &L);
-    if (st != FMHA_STATUS_OK || (st = scratch_reserve(be, scratch, (size_t)L.total)) != FMHA_STATUS_OK)
+    if (st != FMHA_STATUS_OK ||
+        (st = scratch_reserve(be, scratch, (size_t)L.total)) != FMHA_STATUS_OK)
         return st;
     char *base = scratch->buf;
 

@@ -13,7 +13,7 @@ extern "C" {
 
 /* Kernel ids, in the order of kernels.def. */
 enum {
-#define FMHA_CPU_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
+#define FMHA_CPU_KERNEL(name, ...)  FMHA_KERNEL_ID_##name,
 #define FMHA_CUDA_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
 #include "kernels.def"
 #undef FMHA_CPU_KERNEL
@@ -22,28 +22,28 @@ enum {
 };
 
 /* kernels.def's bit sets: input dtypes and descale layouts. */
-#define FMHA_IN_F32 (1u << FMHA_DTYPE_F32)
-#define FMHA_IN_F16 (1u << FMHA_DTYPE_F16)
-#define FMHA_IN_BF16 (1u << FMHA_DTYPE_BF16)
-#define FMHA_IN_F8 (1u << FMHA_DTYPE_F8_E4M3)
-#define FMHA_IN_ALL (FMHA_IN_F32 | FMHA_IN_F16 | FMHA_IN_BF16 | FMHA_IN_F8)
-#define FMHA_DL_PER_TENSOR (1u << FMHA_DESCALE_PER_TENSOR)
+#define FMHA_IN_F32         (1u << FMHA_DTYPE_F32)
+#define FMHA_IN_F16         (1u << FMHA_DTYPE_F16)
+#define FMHA_IN_BF16        (1u << FMHA_DTYPE_BF16)
+#define FMHA_IN_F8          (1u << FMHA_DTYPE_F8_E4M3)
+#define FMHA_IN_ALL         (FMHA_IN_F32 | FMHA_IN_F16 | FMHA_IN_BF16 | FMHA_IN_F8)
+#define FMHA_DL_PER_TENSOR  (1u << FMHA_DESCALE_PER_TENSOR)
 #define FMHA_DL_PER_KV_HEAD (1u << FMHA_DESCALE_PER_KV_HEAD)
-#define FMHA_DL_PER_BLOCK (1u << FMHA_DESCALE_PER_BLOCK)
-#define FMHA_DL_ALL (FMHA_DL_PER_TENSOR | FMHA_DL_PER_KV_HEAD | FMHA_DL_PER_BLOCK)
+#define FMHA_DL_PER_BLOCK   (1u << FMHA_DESCALE_PER_BLOCK)
+#define FMHA_DL_ALL         (FMHA_DL_PER_TENSOR | FMHA_DL_PER_KV_HEAD | FMHA_DL_PER_BLOCK)
 
 /* One row of kernels.def. */
 typedef struct fmha_kernel_desc {
-    fmha_kernel_info info;  /* id, device, cpu_isa, name: what fmha_layer_kernel reports */
-    int level;              /* CPU: the fmha_cpu_isa it needs; CUDA: compute capability x 10 */
-    const char *family;     /* CUDA: FMHA_CUDA_KERNEL's name for it; CPU: NULL */
-    const char *compute;    /* "f32", "bf16dp", "mma", "wgmma" */
-    unsigned inputs;        /* FMHA_IN_* */
-    unsigned descales;      /* FMHA_DL_* */
+    fmha_kernel_info info; /* id, device, cpu_isa, name: what fmha_layer_kernel reports */
+    int level;             /* CPU: the fmha_cpu_isa it needs; CUDA: compute capability x 10 */
+    const char *family;    /* CUDA: FMHA_CUDA_KERNEL's name for it; CPU: NULL */
+    const char *compute;   /* "f32", "bf16dp", "mma", "wgmma" */
+    unsigned inputs;       /* FMHA_IN_* */
+    unsigned descales;     /* FMHA_DL_* */
     int64_t max_head_dim;
-    int sm90a;              /* machine code for compute capability 9.0 alone */
-    int tma;                /* reads q, k, v through TMA: rows checked per call */
-    int fallback;           /* kernel id for views TMA cannot read; -1 = UNSUPPORTED */
+    int sm90a;    /* machine code for compute capability 9.0 alone */
+    int tma;      /* reads q, k, v through TMA: rows checked per call */
+    int fallback; /* kernel id for views TMA cannot read; -1 = UNSUPPORTED */
 } fmha_kernel_desc;
 
 /* The table, indexed by kernel id (defined in select.c). */
@@ -66,23 +66,27 @@ typedef enum { FMHA_CLUSTER_OFF, FMHA_CLUSTER_ON, FMHA_CLUSTER_AUTO } fmha_clust
  * or lets wgmma accumulate O across tiles (FMHA_FP8_ACCUM): auto (default)
  * takes two-level past FMHA_FP8_TWO_LEVEL_KEYS keys, where the single-level
  * sum's error grows with the keys (bench/RESULTS.md, FP8 on the GPU). */
-typedef enum { FMHA_FP8_ACCUM_AUTO, FMHA_FP8_ACCUM_SINGLE, FMHA_FP8_ACCUM_TWO_LEVEL } fmha_fp8_accum;
+typedef enum {
+    FMHA_FP8_ACCUM_AUTO,
+    FMHA_FP8_ACCUM_SINGLE,
+    FMHA_FP8_ACCUM_TWO_LEVEL
+} fmha_fp8_accum;
 #define FMHA_FP8_TWO_LEVEL_KEYS 16384
 
 /* The environment's knobs, read once per plan. */
 typedef struct fmha_knobs {
-    fmha_cpu_isa cpu_isa;     /* FMHA_CPU_ISA; AUTO when unset */
-    const char *cuda_family;  /* FMHA_CUDA_KERNEL: "portable", "hopper" or NULL (auto) */
-    fmha_schedule schedule;   /* FMHA_CUDA_SCHEDULE */
+    fmha_cpu_isa cpu_isa;      /* FMHA_CPU_ISA; AUTO when unset */
+    const char *cuda_family;   /* FMHA_CUDA_KERNEL: "portable", "hopper" or NULL (auto) */
+    fmha_schedule schedule;    /* FMHA_CUDA_SCHEDULE */
     fmha_cluster_mode cluster; /* FMHA_CUDA_CLUSTER */
-    fmha_fp8_accum fp8_accum; /* FMHA_FP8_ACCUM */
-    int fp8_attn_off;         /* FMHA_FP8_ATTN=0 */
+    fmha_fp8_accum fp8_accum;  /* FMHA_FP8_ACCUM */
+    int fp8_attn_off;          /* FMHA_FP8_ATTN=0 */
 } fmha_knobs;
 
 typedef struct fmha_plan {
     const fmha_kernel_desc *kernel;
     fmha_layer_path path;
-    fmha_config cfg;   /* what the kernel runs: the layer's, with f8_e4m3 inputs on the FP8 path */
+    fmha_config cfg; /* what the kernel runs: the layer's, with f8_e4m3 inputs on the FP8 path */
     fmha_knobs knobs;
 
     /* The variant, filled by the backend (fmha_backend.plan_variant). */

@@ -64,8 +64,8 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                     double p = exp(scores[j - lo] - m);
                     l += p; /* the normaliser counts dropped elements too */
                     if (pb.drop_threshold) {
-                        fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset,
-                                                          b * pb.heads + h, i, j);
+                        fmha_u32x4 w =
+                            fmha_dropout_words(a->seed, a->offset, b * pb.heads + h, i, j);
                         if (w.v[j & 3] < pb.drop_threshold)
                             continue;
                         p *= pb.drop_rescale;
@@ -80,7 +80,8 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                 for (int64_t c = 0; c < dv; c++)
                     fmha_store_f32(orow, a->out.dtype, c, l > 0.0 ? (float)(acc[c] / l) : 0.0f);
                 if (a->lse) {
-                    int64_t idx = pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
+                    int64_t idx =
+                        pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
                     a->lse[idx] = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
                 }
             }

@@ -13,16 +13,32 @@
 #include <strings.h>
 
 const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
-#define FMHA_CPU_KERNEL(name, isa, compute, inputs)                                               \
-    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name},              \
-                               isa, NULL, #compute, inputs, FMHA_DL_ALL, 65536, 0, 0, -1},
+#define FMHA_CPU_KERNEL(name, isa, compute, inputs)                                  \
+    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
+                               isa,                                                  \
+                               NULL,                                                 \
+                               #compute,                                             \
+                               inputs,                                               \
+                               FMHA_DL_ALL,                                          \
+                               65536,                                                \
+                               0,                                                    \
+                               0,                                                    \
+                               -1},
 #define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback) \
-    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name}, \
-                               min_sm, #family, #compute, inputs, descales, max_d, sm90a,         \
-                               FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback},
+    [FMHA_KERNEL_ID_##                                                                            \
+        name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},             \
+                 min_sm,                                                                          \
+                 #family,                                                                         \
+                 #compute,                                                                        \
+                 inputs,                                                                          \
+                 descales,                                                                        \
+                 max_d,                                                                           \
+                 sm90a,                                                                           \
+                 FMHA_TMA_##compute,                                                              \
+                 FMHA_KERNEL_ID_##fallback},
 #define FMHA_KERNEL_ID_NONE (-1)
-#define FMHA_TMA_MMA 0
-#define FMHA_TMA_WGMMA 1
+#define FMHA_TMA_MMA        0
+#define FMHA_TMA_WGMMA      1
 #include "kernels.def"
 #undef FMHA_TMA_MMA
 #undef FMHA_TMA_WGMMA
@@ -121,8 +137,8 @@ static int accepts(const fmha_kernel_desc *k, const fmha_config *cfg)
 /* The CPU kernel: of those that take cfg's inputs, the one of the highest ISA
  * up to the one asked for (cfg.cpu_isa, else FMHA_CPU_ISA, else the
  * backend's preference). */
-static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn,
-                              const fmha_backend *be, const fmha_kernel_desc **out)
+static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, const fmha_backend *be,
+                              const fmha_kernel_desc **out)
 {
     fmha_cpu_isa want = cfg->cpu_isa != FMHA_CPU_ISA_AUTO ? cfg->cpu_isa : kn->cpu_isa;
     if (want == FMHA_CPU_ISA_AUTO)
@@ -147,8 +163,8 @@ static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn,
 /* The CUDA kernel: of those that take cfg and run on the current device (and
  * are of FMHA_CUDA_KERNEL's family, where it names one), the one of the
  * highest compute capability. */
-static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn,
-                               const fmha_backend *be, const fmha_kernel_desc **out)
+static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, const fmha_backend *be,
+                               const fmha_kernel_desc **out)
 {
     int takes_dtype = 0, takes_dims = 0, family_here = 0;
     int64_t max_d = 0;
@@ -313,7 +329,8 @@ static int tma_addressable(const fmha_tensor *t)
 {
     const int64_t eb = (int64_t)fmha_dtype_size(t->dtype);
     return (uintptr_t)t->data % 16 == 0 && tma_stride_ok(t->seqlen, t->stride_seq, eb) &&
-           tma_stride_ok(t->heads, t->stride_head, eb) && tma_stride_ok(t->batch, t->stride_batch, eb);
+           tma_stride_ok(t->heads, t->stride_head, eb) &&
+           tma_stride_ok(t->batch, t->stride_batch, eb);
 }
 
 /* Clusters where the tiles' keys number at least this many, unless

@@ -4,8 +4,8 @@
 #include "fmha.h"
 #include "semantics.h"
 
-int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
-                      int64_t head, int64_t row, int64_t col, double p)
+int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads, int64_t head,
+                      int64_t row, int64_t col, double p)
 {
     if (!(p > 0.0))
         return 1;
@@ -18,8 +18,8 @@ double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64
     double pairs = 0;
     for (int64_t i = 0; i < seqlen_q; i++) {
         int64_t lo, hi;
-        fmha_mask_range(cfg->causal, cfg->window_left, cfg->window_right, i, seqlen_q, seqlen_k, &lo,
-                        &hi);
+        fmha_mask_range(cfg->causal, cfg->window_left, cfg->window_right, i, seqlen_q, seqlen_k,
+                        &lo, &hi);
         pairs += (double)(hi - lo);
     }
     return 2.0 * (double)(cfg->head_dim + cfg->head_dim_v) * pairs * (double)cfg->num_heads *

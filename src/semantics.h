@@ -57,11 +57,10 @@ FMHA_HD fmha_u32x4 fmha_philox4x32_10(fmha_u32x4 ctr, uint32_t key0, uint32_t ke
 
 /* The four dropout words for columns [4*(col/4), 4*(col/4)+4) of one row;
  * word col % 4 keeps its element iff it is >= fmha_dropout_threshold(p). */
-FMHA_HD fmha_u32x4 fmha_dropout_words(uint64_t seed, uint64_t offset, int64_t seq_head,
-                                      int64_t row, int64_t col)
+FMHA_HD fmha_u32x4 fmha_dropout_words(uint64_t seed, uint64_t offset, int64_t seq_head, int64_t row,
+                                      int64_t col)
 {
-    fmha_u32x4 ctr = {{(uint32_t)(col >> 2), (uint32_t)row, (uint32_t)seq_head,
-                       (uint32_t)offset}};
+    fmha_u32x4 ctr = {{(uint32_t)(col >> 2), (uint32_t)row, (uint32_t)seq_head, (uint32_t)offset}};
     return fmha_philox4x32_10(ctr, (uint32_t)seed,
                               (uint32_t)(seed >> 32) ^ (uint32_t)(offset >> 32));
 }

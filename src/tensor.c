@@ -53,16 +53,32 @@ uint16_t fmha_f32_to_f16(float x)
 fmha_tensor fmha_tensor_bshd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
                              int64_t heads, int64_t head_dim)
 {
-    fmha_tensor t = {data, dtype, batch, seqlen, heads, head_dim,
-                     seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
+    fmha_tensor t = {data,
+                     dtype,
+                     batch,
+                     seqlen,
+                     heads,
+                     head_dim,
+                     seqlen * heads * head_dim,
+                     heads * head_dim,
+                     head_dim,
+                     1};
     return t;
 }
 
 fmha_tensor fmha_tensor_bhsd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
                              int64_t heads, int64_t head_dim)
 {
-    fmha_tensor t = {data, dtype, batch, seqlen, heads, head_dim,
-                     heads * seqlen * head_dim, head_dim, seqlen * head_dim, 1};
+    fmha_tensor t = {data,
+                     dtype,
+                     batch,
+                     seqlen,
+                     heads,
+                     head_dim,
+                     heads * seqlen * head_dim,
+                     head_dim,
+                     seqlen * head_dim,
+                     1};
     return t;
 }
 

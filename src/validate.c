@@ -61,9 +61,10 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
     if (cfg->fp8_smooth_k != 0 && cfg->fp8_smooth_k != 1)
         return INVALID("fp8_smooth_k (%d) must be 0 or 1", cfg->fp8_smooth_k);
     if (cfg->fp8_smooth_k && cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF && cfg->softcap != 0)
-        return INVALID("fp8_smooth_k moves every score of a query by q . mean(K), which the softmax "
-                       "ignores but softcap (%g) does not: set softcap = 0 or fp8_smooth_k = 0",
-                       cfg->softcap);
+        return INVALID(
+            "fp8_smooth_k moves every score of a query by q . mean(K), which the softmax "
+            "ignores but softcap (%g) does not: set softcap = 0 or fp8_smooth_k = 0",
+            cfg->softcap);
     if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF && cfg->dtype == FMHA_DTYPE_F8_E4M3)
         return INVALID("fp8_compute quantizes f32, f16 or bf16 inputs, but dtype is f8_e4m3: for "
                        "inputs already in FP8, leave fp8_compute off and pass their descales");
@@ -90,8 +91,7 @@ fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
     const char *dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
     for (int i = 0; i < 4; i++)
         if (dims[i] <= 0)
-            return INVALID("%s.%s (%lld) must be positive", name, dim_names[i],
-                           (long long)dims[i]);
+            return INVALID("%s.%s (%lld) must be positive", name, dim_names[i], (long long)dims[i]);
     if (t->stride_dim != 1)
         return INVALID("%s.stride_dim (%lld) must be 1: the head_dim axis must be contiguous; "
                        "make the tensor contiguous in its last dimension first",
@@ -105,8 +105,8 @@ fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
             return INVALID("%s.%s (%lld) must be >= 0", name, stride_names[i],
                            (long long)strides[i]);
         if (mul_overflows(dims[i] - 1, strides[i], &span) || add_overflows(extent, span, &extent))
-            return INVALID("%s spans more than 2^63 elements (%s %lld x %s %lld overflows)",
-                           name, dim_names[i], (long long)dims[i], stride_names[i],
+            return INVALID("%s spans more than 2^63 elements (%s %lld x %s %lld overflows)", name,
+                           dim_names[i], (long long)dims[i], stride_names[i],
                            (long long)strides[i]);
     }
     int64_t bytes;
@@ -200,8 +200,7 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
     return st != FMHA_STATUS_OK ? st : fmha_validate_args(cfg, a, pb);
 }
 
-fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *a,
-                               fmha_problem *pb)
+fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *a, fmha_problem *pb)
 {
     fmha_status st;
     if (!a)
@@ -230,8 +229,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
                        (long long)cfg->num_heads);
     if (a->k.heads != cfg->num_kv_heads || a->v.heads != cfg->num_kv_heads)
         return INVALID("k.heads (%lld) and v.heads (%lld) must equal num_kv_heads (%lld)",
-                       (long long)a->k.heads, (long long)a->v.heads,
-                       (long long)cfg->num_kv_heads);
+                       (long long)a->k.heads, (long long)a->v.heads, (long long)cfg->num_kv_heads);
     if (a->q.head_dim != cfg->head_dim || a->k.head_dim != cfg->head_dim)
         return INVALID("q.head_dim (%lld) and k.head_dim (%lld) must equal head_dim (%lld)",
                        (long long)a->q.head_dim, (long long)a->k.head_dim,
@@ -317,8 +315,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
 }
 
 fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
-                                   fmha_fp8_scaling scaling, int64_t block_rows,
-                                   fmha_fp8_groups *g)
+                                   fmha_fp8_scaling scaling, int64_t block_rows, fmha_fp8_groups *g)
 {
     if (!x)
         return INVALID("x is NULL");
@@ -360,8 +357,7 @@ fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, c
     default: return INVALID("scaling (%d) is not a fmha_fp8_scaling value", (int)scaling);
     }
     if (mul_overflows(r.n_batch, r.n_head, &r.count) ||
-        mul_overflows(r.count, r.n_block, &r.count) ||
-        r.count > INT64_MAX / (int64_t)sizeof(float))
+        mul_overflows(r.count, r.n_block, &r.count) || r.count > INT64_MAX / (int64_t)sizeof(float))
         return INVALID("%lld x %lld x %lld scales: the byte size overflows int64",
                        (long long)r.n_batch, (long long)r.n_head, (long long)r.n_block);
     *g = r;

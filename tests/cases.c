@@ -10,15 +10,17 @@ static const int64_t head_dims[] = {32, 64, 80, 96, 128, 160, 192, 256, 40, 72, 
 
 static void describe(const tcase *c, char *buf, size_t n)
 {
-    snprintf(buf, n,
-             "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s layouts=%d%d%d "
-             "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld ramp=%d",
-             c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
-             (long long)c->batch, (long long)c->sq, (long long)c->sk,
-             (long long)c->heads, (long long)c->kv, (long long)c->d, (long long)c->dv,
-             fmha_dtype_name(c->dt), fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal,
-             (long long)c->wl, (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse,
-             (int)c->dl, (long long)c->dblock, c->ramp);
+    snprintf(
+        buf, n,
+        "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s "
+        "layouts=%d%d%d "
+        "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld ramp=%d",
+        c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
+        (long long)c->batch, (long long)c->sq, (long long)c->sk, (long long)c->heads,
+        (long long)c->kv, (long long)c->d, (long long)c->dv, fmha_dtype_name(c->dt),
+        fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal, (long long)c->wl,
+        (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse, (int)c->dl,
+        (long long)c->dblock, c->ramp);
 }
 
 /* Max |x - ref| over the output view, with -inf LSE handled. */
@@ -90,8 +92,8 @@ static int64_t descale_at(const tcase *c, int which, const fmha_tensor *t, const
 }
 
 typedef struct fp8_inputs {
-    float *ds[3];      /* descales of q, k, v */
-    tu_tensor deq[3];  /* q, k, v dequantized to f32, BSHD */
+    float *ds[3];     /* descales of q, k, v */
+    tu_tensor deq[3]; /* q, k, v dequantized to f32, BSHD */
 } fp8_inputs;
 
 /* Ramp inputs (tcase.ramp): channel e < d / 2 of q is 0.5 and of k 0.7 * key
@@ -266,8 +268,8 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
             e = en = 0;
         }
         tol = 4.0 * en + 1e-6;
-        TU_CHECK(!bad && e <= tol, "%s: out error %.3g > tol %.3g (naive %.3g)%s", desc, e, tol,
-                 en, bad ? " non-finite output" : "");
+        TU_CHECK(!bad && e <= tol, "%s: out error %.3g > tol %.3g (naive %.3g)%s", desc, e, tol, en,
+                 bad ? " non-finite output" : "");
         TU_CHECK(tu_gaps_untouched(&out, 0xFF), "%s: wrote outside the output view", desc);
         if (c->lse && !empty) {
             int lbad = 0, lnbad = 0;
@@ -284,8 +286,8 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
                 f8 && c->device == FMHA_DEVICE_CUDA
                     ? 1e-3 + 1.5 * ((double)c->d / 32.0) * 0x1p-13 * lse_absmax(lse_ref, nlse)
                     : 1e-5;
-            TU_CHECK(!lbad && le <= 4.0 * len + lse_floor, "%s: lse error %.3g (naive %.3g)%s", desc,
-                     le, len, lbad ? " bad -inf/non-finite" : "");
+            TU_CHECK(!lbad && le <= 4.0 * len + lse_floor, "%s: lse error %.3g (naive %.3g)%s",
+                     desc, le, len, lbad ? " bad -inf/non-finite" : "");
         }
         if (f8 && !empty) {
             /* The same problem on f32 inputs dequantized here: the reference
@@ -305,10 +307,14 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
             TU_CHECK(st == FMHA_STATUS_OK, "%s: f32 reference failed: %s", desc, fmha_last_error());
             int b32 = 0;
             double er = out_err(&ref, &ref32, &b32), ek = out_err(&out, &ref32, &b32);
-            TU_CHECK(er <= 1e-5, "%s: the reference on FP8 differs from the reference on its "
-                     "dequantized f32 inputs by %.3g", desc, er);
-            TU_CHECK(ek <= tol + er, "%s: out differs from the reference on dequantized inputs by "
-                     "%.3g > tol %.3g", desc, ek, tol + er);
+            TU_CHECK(er <= 1e-5,
+                     "%s: the reference on FP8 differs from the reference on its "
+                     "dequantized f32 inputs by %.3g",
+                     desc, er);
+            TU_CHECK(ek <= tol + er,
+                     "%s: out differs from the reference on dequantized inputs by "
+                     "%.3g > tol %.3g",
+                     desc, ek, tol + er);
             tu_tensor_free(&ref32);
         }
     }
@@ -347,7 +353,8 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
     }
     c.d = head_dims[tu_range(r, 11)];
     c.dv = tu_range(r, 6) == 0 ? head_dims[tu_range(r, 11)] : c.d;
-    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16, FMHA_DTYPE_BF16};
+    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16,
+                                     FMHA_DTYPE_BF16};
     c.dt = dts[tu_range(r, 4)];
     if (c.device == FMHA_DEVICE_CUDA && c.dt == FMHA_DTYPE_F32) /* CUDA takes 16-bit inputs */
         c.dt = tu_range(r, 2) ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F16;
@@ -359,8 +366,14 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
     c.wl = c.wr = -1;
     switch (tu_range(r, 6)) {
     case 0: c.causal = 1; break;
-    case 1: c.wl = tu_range(r, 40); c.wr = tu_range(r, 3) - 1; break;
-    case 2: c.causal = 1; c.wl = tu_range(r, 130); break;
+    case 1:
+        c.wl = tu_range(r, 40);
+        c.wr = tu_range(r, 3) - 1;
+        break;
+    case 2:
+        c.causal = 1;
+        c.wl = tu_range(r, 130);
+        break;
     default: break;
     }
     if (tu_range(r, 6) == 0)
@@ -377,7 +390,7 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
         c.lo = c.lo == 1 ? 0 : c.lo;
     }
     c.lse = tu_range(r, 2);
-    c.threads = (int)tu_range(r, 3); /* 0 = default */
+    c.threads = (int)tu_range(r, 3);                          /* 0 = default */
     if (c.device == FMHA_DEVICE_CPU && tu_range(r, 6) == 0) { /* FP8 runs on the CPU */
         static const int64_t blocks[] = {1, 7, 64, 100};
         c.dt = FMHA_DTYPE_F8_E4M3;
@@ -398,4 +411,3 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
     }
     return c;
 }
-

@@ -19,7 +19,7 @@ typedef struct tcase {
     fmha_device device;
     fmha_descale_layout dl; /* dt f8_e4m3: where the descales sit */
     int64_t dblock;         /* tokens per block for FMHA_DESCALE_PER_BLOCK */
-    int ramp;               /* q and k's first d / 2 channels make scores that rise along the keys */
+    int ramp; /* q and k's first d / 2 channels make scores that rise along the keys */
 } tcase;
 
 /* Runs the forward so that out and lse land in the host buffers of `a`. */

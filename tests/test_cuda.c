@@ -57,8 +57,8 @@ static void test_dropout_mask_matches_cpu(fmha_dtype dt, int varlen)
     uint16_t one = dt == FMHA_DTYPE_BF16 ? fmha_f32_to_bf16(1.0f) : fmha_f32_to_f16(1.0f);
     for (int64_t j = 0; j < (varlen ? B : 1) * SK * (varlen ? 1 : B); j++)
         ((uint16_t *)v.alloc)[j * D + j % SK] = one;
-    fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t, .seed = 0x1234abcdULL,
-                           .offset = 0x500000007ULL};
+    fmha_forward_args a = {
+        .q = q.t, .k = k.t, .v = v.t, .out = o.t, .seed = 0x1234abcdULL, .offset = 0x500000007ULL};
     if (varlen) {
         a.cu_seqlens_q = cuq;
         a.cu_seqlens_k = cuk;
@@ -140,8 +140,8 @@ static void test_fp8_refusals(void)
 }
 
 /* q [tb, ts, H, D] and k, v [tb, ts, KV, D] of dtype dt, N(0, 1). */
-static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, int64_t tb, int64_t ts,
-                       int64_t H, int64_t KV, int64_t D, tu_rng *rng)
+static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, int64_t tb,
+                       int64_t ts, int64_t H, int64_t KV, int64_t D, tu_rng *rng)
 {
     tu_tensor_init(q, dt, tb, ts, H, D, 0, 0);
     tu_tensor_init(k, dt, tb, ts, KV, D, 0, 0);
@@ -167,8 +167,8 @@ static void test_fp8_compute_layer(int varlen)
     TU_CHECK(fmha_layer_init(&layer, &cfg) == FMHA_STATUS_OK, "fp8 layer: %s", fmha_last_error());
     const char *why = "";
     const fmha_layer_path path = fmha_layer_get_path(layer, &why);
-    TU_CHECK(path == FMHA_LAYER_PATH_FP8, "CUDA fp8_compute path: %s (%s)", fmha_layer_path_name(path),
-             why);
+    TU_CHECK(path == FMHA_LAYER_PATH_FP8, "CUDA fp8_compute path: %s (%s)",
+             fmha_layer_path_name(path), why);
     fmha_layer_free(layer);
     tu_rng rng = {77 + varlen};
     const int64_t tb = varlen ? 1 : B, ts = varlen ? B * S : S;
@@ -192,12 +192,14 @@ static void test_fp8_compute_layer(int varlen)
     fmha_config c_ref = c_cpu;
     c_ref.fp8_compute = FMHA_FP8_COMPUTE_OFF;
     a.out = o_ref.t;
-    TU_CHECK(fmha_reference_forward(&c_ref, &a) == FMHA_STATUS_OK, "reference: %s", fmha_last_error());
+    TU_CHECK(fmha_reference_forward(&c_ref, &a) == FMHA_STATUS_OK, "reference: %s",
+             fmha_last_error());
     const double e_cpu = tu_rel_l2(&o_gpu, &o_cpu), e_ref = tu_rel_l2(&o_gpu, &o_ref);
     printf("fp8_compute on CUDA%s: rel. L2 %.2e against the CPU's FP8 path, %.2e against the "
-           "exact answer\n", varlen ? " (packed)" : "", e_cpu, e_ref);
-    TU_CHECK(e_cpu < 3e-2 && e_ref < 0.1, "fp8_compute on CUDA: rel. L2 %.3g vs CPU FP8, %.3g vs exact",
-             e_cpu, e_ref);
+           "exact answer\n",
+           varlen ? " (packed)" : "", e_cpu, e_ref);
+    TU_CHECK(e_cpu < 3e-2 && e_ref < 0.1,
+             "fp8_compute on CUDA: rel. L2 %.3g vs CPU FP8, %.3g vs exact", e_cpu, e_ref);
     tu_tensor_free(&q);
     tu_tensor_free(&k);
     tu_tensor_free(&v);
@@ -225,7 +227,8 @@ static void test_fp8_smooth_k_layer(int varlen)
     cfg.causal = varlen;
     cfg.device = FMHA_DEVICE_CUDA;
     fmha_layer *layer;
-    TU_CHECK(fmha_layer_init(&layer, &cfg) == FMHA_STATUS_OK, "fp8_smooth_k layer: %s", fmha_last_error());
+    TU_CHECK(fmha_layer_init(&layer, &cfg) == FMHA_STATUS_OK, "fp8_smooth_k layer: %s",
+             fmha_last_error());
     const char *why = "";
     TU_CHECK(fmha_layer_get_path(layer, &why) == FMHA_LAYER_PATH_FP8 &&
                  strstr(why, "K's per-channel mean subtracted first"),
@@ -242,7 +245,8 @@ static void test_fp8_smooth_k_layer(int varlen)
             for (int64_t h = 0; h < KV; h++)
                 for (int j = 0; j < 4; j++) {
                     const int64_t c = (j * 37 + 5) % D;
-                    tu_set(&k, b, s, h, c, tu_get(&k, b, s, h, c) + offset[j] * (1 + b + 2 * h) / 3.0);
+                    tu_set(&k, b, s, h, c,
+                           tu_get(&k, b, s, h, c) + offset[j] * (1 + b + 2 * h) / 3.0);
                 }
     /* GPU smoothed, GPU unsmoothed, CPU smoothed, exact */
     enum { GPU, PLAIN, CPU, REF };
@@ -276,14 +280,17 @@ static void test_fp8_smooth_k_layer(int varlen)
     int bad = 0;
     const double lse_ref = tu_lse_err(lse[GPU], lse[REF], (int64_t)nlse, &bad),
                  lse_cpu = tu_lse_err(lse[GPU], lse[CPU], (int64_t)nlse, &bad);
-    printf("fp8_smooth_k on CUDA%s: rel. L2 %.2e against the CPU's smoothed path, %.2e against the exact "
+    printf("fp8_smooth_k on CUDA%s: rel. L2 %.2e against the CPU's smoothed path, %.2e against the "
+           "exact "
            "answer (unsmoothed %.2e); LSE within %.3f of the exact, %.3f of the CPU's\n",
            varlen ? " (packed, causal)" : "", e_cpu, e_ref, e_plain, lse_ref, lse_cpu);
     TU_CHECK(e_cpu < 3e-2 && e_ref < 0.06 && e_ref < e_plain / 3,
-             "fp8_smooth_k on CUDA: rel. L2 %.3g vs CPU, %.3g vs exact, unsmoothed %.3g", e_cpu, e_ref,
-             e_plain);
-    TU_CHECK(lse_ref < 0.25 && lse_cpu < 0.05 && !bad, "fp8_smooth_k on CUDA: LSE off by %.3g (CPU: %.3g, "
-             "rows without keys or non-finite values: %d)", lse_ref, lse_cpu, bad);
+             "fp8_smooth_k on CUDA: rel. L2 %.3g vs CPU, %.3g vs exact, unsmoothed %.3g", e_cpu,
+             e_ref, e_plain);
+    TU_CHECK(lse_ref < 0.25 && lse_cpu < 0.05 && !bad,
+             "fp8_smooth_k on CUDA: LSE off by %.3g (CPU: %.3g, "
+             "rows without keys or non-finite values: %d)",
+             lse_ref, lse_cpu, bad);
     TU_CHECK(tu_gaps_untouched(&out[GPU], 0xFF), "fp8_smooth_k on CUDA wrote outside out");
     for (int i = 0; i < 4; i++) {
         tu_tensor_free(&out[i]);
@@ -316,9 +323,11 @@ int main(int argc, char **argv)
     if (one && *one) {
         tcase c = {.device = FMHA_DEVICE_CUDA, .dl = FMHA_DESCALE_PER_TENSOR};
         long long v[17];
-        if (sscanf(one, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
-                        "%lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8],
-                   &v[9], &v[10], &v[11], &v[12], &v[13], &v[14], &v[15], &v[16]) != 17) {
+        if (sscanf(one,
+                   "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
+                   "%lld %lld",
+                   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                   &v[11], &v[12], &v[13], &v[14], &v[15], &v[16]) != 17) {
             fprintf(stderr, "FMHA_TEST_CASE needs 17 numbers\n");
             return 2;
         }
@@ -340,7 +349,8 @@ int main(int argc, char **argv)
         fmha_config_init(&probe, 8, 2, 128);
         probe.device = FMHA_DEVICE_CUDA;
         fmha_kernel_info info;
-        TU_CHECK(fmha_kernel_select(&probe, &info) == FMHA_STATUS_OK, "select: %s", fmha_last_error());
+        TU_CHECK(fmha_kernel_select(&probe, &info) == FMHA_STATUS_OK, "select: %s",
+                 fmha_last_error());
         if (kn == 1 && !strcmp(info.name, "cuda_flash_sm80") && !strcmp(kernels[0], "auto") &&
             !hopper_seen)
             break; /* the chooser's pick was the portable kernel already */
@@ -366,9 +376,19 @@ int main(int argc, char **argv)
     const char *lenv = getenv("FMHA_TEST_LONG");
     printf("long sequences, then the Hopper schedules\n"); /* progress, should one hang */
     for (int i = 0; i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
-        tcase c = {.batch = 1, .sq = longs[i][0], .sk = longs[i][1], .heads = 2, .kv = 1,
-                   .d = i == 2 ? 64 : 128, .dv = i == 2 ? 64 : 128, .dt = FMHA_DTYPE_BF16,
-                   .odt = FMHA_DTYPE_BF16, .causal = i == 1, .wl = -1, .wr = -1, .lse = 1,
+        tcase c = {.batch = 1,
+                   .sq = longs[i][0],
+                   .sk = longs[i][1],
+                   .heads = 2,
+                   .kv = 1,
+                   .d = i == 2 ? 64 : 128,
+                   .dv = i == 2 ? 64 : 128,
+                   .dt = FMHA_DTYPE_BF16,
+                   .odt = FMHA_DTYPE_BF16,
+                   .causal = i == 1,
+                   .wl = -1,
+                   .wr = -1,
+                   .lse = 1,
                    .device = FMHA_DEVICE_CUDA};
         tcase_run(&c, &rng, run_cuda);
     }
@@ -381,9 +401,21 @@ int main(int argc, char **argv)
         const fmha_dtype dt = i < 2 ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F8_E4M3;
         if (dt == FMHA_DTYPE_F8_E4M3 && !fp8)
             continue;
-        tcase c = {.batch = 1, .sq = 300, .sk = 4224, .heads = 2, .kv = 1, .d = 128, .dv = 128, .dt = dt,
-                   .odt = FMHA_DTYPE_BF16, .wl = -1, .wr = -1, .scale = i % 2 ? 1.0 : 2.5, .lse = 1,
-                   .device = FMHA_DEVICE_CUDA, .ramp = 1};
+        tcase c = {.batch = 1,
+                   .sq = 300,
+                   .sk = 4224,
+                   .heads = 2,
+                   .kv = 1,
+                   .d = 128,
+                   .dv = 128,
+                   .dt = dt,
+                   .odt = FMHA_DTYPE_BF16,
+                   .wl = -1,
+                   .wr = -1,
+                   .scale = i % 2 ? 1.0 : 2.5,
+                   .lse = 1,
+                   .device = FMHA_DEVICE_CUDA,
+                   .ramp = 1};
         tcase_run(&c, &rng, run_cuda);
     }
     /* The Hopper kernel's schedules: more query tiles than one round of 132
@@ -398,28 +430,43 @@ int main(int argc, char **argv)
         double dropout;
         int san;
     } sched[] = {
-        {1, 300, 1000, 4, 2, 128, FMHA_DTYPE_BF16, 0, 0.0, 1},  /* 12 tiles in up to 11 pieces each */
+        {1, 300, 1000, 4, 2, 128, FMHA_DTYPE_BF16, 0, 0.0,
+         1}, /* 12 tiles in up to 11 pieces each */
         {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 0, 0.0, 0}, /* 160 tiles, 5 key tiles each */
         {1, 1100, 600, 31, 31, 64, FMHA_DTYPE_F16, 0, 0.0, 0},  /* 279: two rounds and 15 */
         {2, 1000, 700, 9, 3, 256, FMHA_DTYPE_BF16, 0, 0.1, 0},
         {1, 3000, 520, 8, 2, 96, FMHA_DTYPE_BF16, 0, 0.0, 0},
         {1, 1500, 900, 12, 4, 128, FMHA_DTYPE_F8_E4M3, 0, 0.0, 0},
         {1, 2047, 600, 10, 5, 128, FMHA_DTYPE_BF16, 1, 0.0, 0}, /* causal: one block per tile */
-        {1, 1024, 1000, 6, 3, 256, FMHA_DTYPE_BF16, 0, 0.0, 1}, /* clusters of two, 24 units: split */
-        {2, 200, 777, 53, 1, 128, FMHA_DTYPE_F16, 0, 0.0, 0},   /* clusters, 106 units: a round and a tail */
+        {1, 1024, 1000, 6, 3, 256, FMHA_DTYPE_BF16, 0, 0.0,
+         1}, /* clusters of two, 24 units: split */
+        {2, 200, 777, 53, 1, 128, FMHA_DTYPE_F16, 0, 0.0,
+         0}, /* clusters, 106 units: a round and a tail */
     };
     /* Each shape persistent and split, with clusters allowed, then not. */
     const char *modes[] = {"persistent", "split"};
     for (size_t k = 0; k < 4 * (sizeof sched / sizeof sched[0]); k++) {
         const size_t i = k / 4;
-        if ((!sched[i].san && lenv && !strcmp(lenv, "0")) || (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8))
+        if ((!sched[i].san && lenv && !strcmp(lenv, "0")) ||
+            (sched[i].dt == FMHA_DTYPE_F8_E4M3 && !fp8))
             continue;
         setenv("FMHA_CUDA_SCHEDULE", modes[k % 2], 1);
         setenv("FMHA_CUDA_CLUSTER", k % 4 < 2 ? "1" : "0", 1);
-        tcase c = {.batch = sched[i].b, .sq = sched[i].sq, .sk = sched[i].sk, .heads = sched[i].h,
-                   .kv = sched[i].kv, .d = sched[i].d, .dv = sched[i].d, .dt = sched[i].dt,
-                   .odt = FMHA_DTYPE_BF16, .causal = sched[i].causal, .wl = -1, .wr = -1,
-                   .dropout = sched[i].dropout, .lse = 1, .device = FMHA_DEVICE_CUDA,
+        tcase c = {.batch = sched[i].b,
+                   .sq = sched[i].sq,
+                   .sk = sched[i].sk,
+                   .heads = sched[i].h,
+                   .kv = sched[i].kv,
+                   .d = sched[i].d,
+                   .dv = sched[i].d,
+                   .dt = sched[i].dt,
+                   .odt = FMHA_DTYPE_BF16,
+                   .causal = sched[i].causal,
+                   .wl = -1,
+                   .wr = -1,
+                   .dropout = sched[i].dropout,
+                   .lse = 1,
+                   .device = FMHA_DEVICE_CUDA,
                    .dl = FMHA_DESCALE_PER_KV_HEAD};
         tcase_run(&c, &rng, run_cuda);
     }
@@ -429,9 +476,20 @@ int main(int argc, char **argv)
     printf("FP8 over long key ranges, refusals, dropout masks\n");
     for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {
         setenv("FMHA_FP8_ACCUM", i % 2 ? "single" : "two_level", 1);
-        tcase c = {.batch = 1, .sq = 1023, .sk = 4224, .heads = 2, .kv = 1, .d = 128,
-                   .dv = 128, .dt = FMHA_DTYPE_F8_E4M3, .odt = FMHA_DTYPE_BF16, .causal = i >= 2,
-                   .wl = -1, .wr = -1, .lse = 1, .device = FMHA_DEVICE_CUDA,
+        tcase c = {.batch = 1,
+                   .sq = 1023,
+                   .sk = 4224,
+                   .heads = 2,
+                   .kv = 1,
+                   .d = 128,
+                   .dv = 128,
+                   .dt = FMHA_DTYPE_F8_E4M3,
+                   .odt = FMHA_DTYPE_BF16,
+                   .causal = i >= 2,
+                   .wl = -1,
+                   .wr = -1,
+                   .lse = 1,
+                   .device = FMHA_DEVICE_CUDA,
                    .dl = FMHA_DESCALE_PER_KV_HEAD};
         tcase_run(&c, &rng, run_cuda);
     }

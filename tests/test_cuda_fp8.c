@@ -103,7 +103,8 @@ static int check_case(const tu_tensor *x, int64_t xoff, int ylayout, int64_t yof
                     const uint8_t cc = ((const uint8_t *)fmha_row(&ycpu.t, b, s, h))[c];
                     const float xv = fmha_load_f32(fmha_row(t, b, s, h), t->dtype, c);
                     if (gc != cc && ++bad_codes)
-                        fprintf(stderr, "  %s: y[%lld, %lld, %lld, %lld] = 0x%02x, CPU 0x%02x, x = %a\n",
+                        fprintf(stderr,
+                                "  %s: y[%lld, %lld, %lld, %lld] = 0x%02x, CPU 0x%02x, x = %a\n",
                                 what, (long long)b, (long long)s, (long long)h, (long long)c, gc,
                                 cc, (double)xv);
                 }
@@ -324,8 +325,8 @@ static void test_infinity(fmha_dtype dt, fmha_fp8_scaling sc, int64_t br)
     TU_CHECK(st == FMHA_STATUS_OK, "infinity: %s", fmha_last_error());
 
     const int64_t nblk = sc == FMHA_FP8_PER_BLOCK ? (S + br - 1) / br : 1;
-#define GROUP_OF(b, s, h)                                                                          \
-    (sc == FMHA_FP8_PER_TENSOR ? 0                                                                 \
+#define GROUP_OF(b, s, h)          \
+    (sc == FMHA_FP8_PER_TENSOR ? 0 \
                                : ((b)*H + (h)) * nblk + (sc == FMHA_FP8_PER_BLOCK ? (s) / br : 0))
     const int64_t bad_group = GROUP_OF(ib, is, ih);
     int bad = 0;

@@ -181,8 +181,7 @@ static void test_non_finite(tu_rng *r, fmha_cpu_isa isa, fmha_dtype dt)
         else
             tu_set(&v, 0, J, 0, 5, NAN);
         fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t};
-        TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "%s: %s", what[kind],
-                 fmha_last_error());
+        TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "%s: %s", what[kind], fmha_last_error());
         a.out = ref.t;
         TU_CHECK(fmha_reference_forward(&cfg, &a) == FMHA_STATUS_OK, "reference: %s",
                  fmha_last_error());
@@ -214,9 +213,11 @@ static void test_non_finite(tu_rng *r, fmha_cpu_isa isa, fmha_dtype dt)
                 if (!ok && wrong++ == 0)
                     first_i = i, first_h = h;
             }
-        TU_CHECK(wrong == 0, "isa %s, %s inputs, %s: %lld rows break the policy (first: row %lld "
-                 "head %lld)", fmha_cpu_isa_name(isa), fmha_dtype_name(dt), what[kind],
-                 (long long)wrong, (long long)first_i, (long long)first_h);
+        TU_CHECK(wrong == 0,
+                 "isa %s, %s inputs, %s: %lld rows break the policy (first: row %lld "
+                 "head %lld)",
+                 fmha_cpu_isa_name(isa), fmha_dtype_name(dt), what[kind], (long long)wrong,
+                 (long long)first_i, (long long)first_h);
         tu_tensor_free(&q);
         tu_tensor_free(&k);
         tu_tensor_free(&v);
@@ -245,9 +246,20 @@ int main(int argc, char **argv)
     }
     /* Long sequences, once per ISA: 1023 queries against 1023 and 2000 keys. */
     for (int i = 0; i < nisa; i++) {
-        tcase c = {.batch = 1, .sq = 1023, .sk = i == 1 ? 2000 : 1023, .heads = 2, .kv = 1,
-                   .d = 128, .dv = 128, .dt = FMHA_DTYPE_BF16, .odt = FMHA_DTYPE_BF16,
-                   .causal = i == 0, .wl = -1, .wr = -1, .lse = 1, .isa = isas[i]};
+        tcase c = {.batch = 1,
+                   .sq = 1023,
+                   .sk = i == 1 ? 2000 : 1023,
+                   .heads = 2,
+                   .kv = 1,
+                   .d = 128,
+                   .dv = 128,
+                   .dt = FMHA_DTYPE_BF16,
+                   .odt = FMHA_DTYPE_BF16,
+                   .causal = i == 0,
+                   .wl = -1,
+                   .wr = -1,
+                   .lse = 1,
+                   .isa = isas[i]};
         tcase_run(&c, &rng, fmha_forward);
         c.dt = c.odt = FMHA_DTYPE_F32;
         c.sk = 1023;

@@ -54,7 +54,6 @@ static uint8_t ref_encode(float x)
     return (uint8_t)(sign | best);
 }
 
-
 /* Compares the encoder with the reference on x and -x; returns mismatches. */
 static int enc_mismatches(float x, int verbose)
 {
@@ -103,18 +102,22 @@ static void test_encode_fixed(void)
         float x;
         uint8_t code;
     } cases[] = {
-        {0.0f, 0x00},           {-0.0f, 0x80},          {1.0f, 0x38},
-        {0x1p-6f, 0x08},        {0x1p-9f, 0x01},        {0x1p-10f, 0x00}, /* tie to 0 */
-        {-0x1p-10f, 0x80},      {0x1.000002p-10f, 0x01}, {0x1p-11f, 0x00},
-        {3 * 0x1p-10f, 0x02},   /* tie between 1 and 2 */
-        {15 * 0x1p-10f, 0x08},  /* tie between 7 * 2^-9 and 2^-6 */
-        {FLT_TRUE_MIN, 0x00},   {-FLT_TRUE_MIN, 0x80},  {FLT_MIN, 0x00},
-        {1.0625f, 0x38},        {1.1875f, 0x3A},        {-1.1875f, 0xBA},
-        {416.0f, 0x7D},         {432.0f, 0x7E}, /* tie between 416 (0x7D) and 448 */
-        {447.99f, 0x7E},        {448.0f, 0x7E},         {449.0f, 0x7E},
-        {464.0f, 0x7E},         {465.0f, 0x7E},         {-465.0f, 0xFE},
-        {1e30f, 0x7E},          {FLT_MAX, 0x7E},        {INFINITY, 0x7E},
-        {-INFINITY, 0xFE},      {NAN, 0x7F},
+        {0.0f, 0x00},          {-0.0f, 0x80},
+        {1.0f, 0x38},          {0x1p-6f, 0x08},
+        {0x1p-9f, 0x01},       {0x1p-10f, 0x00}, /* tie to 0 */
+        {-0x1p-10f, 0x80},     {0x1.000002p-10f, 0x01},
+        {0x1p-11f, 0x00},      {3 * 0x1p-10f, 0x02}, /* tie between 1 and 2 */
+        {15 * 0x1p-10f, 0x08},                       /* tie between 7 * 2^-9 and 2^-6 */
+        {FLT_TRUE_MIN, 0x00},  {-FLT_TRUE_MIN, 0x80},
+        {FLT_MIN, 0x00},       {1.0625f, 0x38},
+        {1.1875f, 0x3A},       {-1.1875f, 0xBA},
+        {416.0f, 0x7D},        {432.0f, 0x7E}, /* tie between 416 (0x7D) and 448 */
+        {447.99f, 0x7E},       {448.0f, 0x7E},
+        {449.0f, 0x7E},        {464.0f, 0x7E},
+        {465.0f, 0x7E},        {-465.0f, 0xFE},
+        {1e30f, 0x7E},         {FLT_MAX, 0x7E},
+        {INFINITY, 0x7E},      {-INFINITY, 0xFE},
+        {NAN, 0x7F},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint8_t got = fmha_f32_to_e4m3(cases[i].x);
@@ -139,8 +142,15 @@ static void test_encode_vs_reference(void)
         for (int i = 0; i < 3; i++, n += 2)
             bad += enc_mismatches(xs[i], bad == 0);
     }
-    const float extra[] = {448.0f, 464.0f, nextafterf(464.0f, 0.0f), nextafterf(464.0f, INFINITY),
-                           480.0f, 600.0f, 0x1p-10f, nextafterf(0x1p-10f, 0.0f), FLT_TRUE_MIN};
+    const float extra[] = {448.0f,
+                           464.0f,
+                           nextafterf(464.0f, 0.0f),
+                           nextafterf(464.0f, INFINITY),
+                           480.0f,
+                           600.0f,
+                           0x1p-10f,
+                           nextafterf(0x1p-10f, 0.0f),
+                           FLT_TRUE_MIN};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++, n += 2)
         bad += enc_mismatches(extra[i], bad == 0);
     TU_CHECK(bad == 0, "%d of %d midpoint values differ from the reference", bad, n);
@@ -173,8 +183,8 @@ static int64_t n_groups(const fmha_tensor *t, fmha_fp8_scaling sc, int64_t br)
     return sc == FMHA_FP8_PER_TENSOR ? 1 : t->batch * t->heads * n_blocks(t, sc, br);
 }
 
-static int64_t group_of(const fmha_tensor *t, fmha_fp8_scaling sc, int64_t br, int64_t b,
-                        int64_t s, int64_t h)
+static int64_t group_of(const fmha_tensor *t, fmha_fp8_scaling sc, int64_t br, int64_t b, int64_t s,
+                        int64_t h)
 {
     if (sc == FMHA_FP8_PER_TENSOR)
         return 0;
@@ -185,8 +195,8 @@ static int64_t group_of(const fmha_tensor *t, fmha_fp8_scaling sc, int64_t br, i
 static uint8_t y_code(const tu_tensor *y, int64_t b, int64_t s, int64_t h, int64_t c)
 {
     const fmha_tensor *t = &y->t;
-    return ((const uint8_t *)y->alloc)[b * t->stride_batch + s * t->stride_seq +
-                                        h * t->stride_head + c];
+    return ((const uint8_t *)
+                y->alloc)[b * t->stride_batch + s * t->stride_seq + h * t->stride_head + c];
 }
 
 /* Recomputes scales and codes for x and compares them with fmha's, bit for
@@ -279,7 +289,7 @@ static void test_quantize_sweep(void)
     static const struct {
         fmha_fp8_scaling sc;
         int64_t br;
-    } modes[] = {{FMHA_FP8_PER_TENSOR, 0}, {FMHA_FP8_PER_HEAD, 0}, {FMHA_FP8_PER_BLOCK, 4},
+    } modes[] = {{FMHA_FP8_PER_TENSOR, 0}, {FMHA_FP8_PER_HEAD, 0},   {FMHA_FP8_PER_BLOCK, 4},
                  {FMHA_FP8_PER_BLOCK, 1},  {FMHA_FP8_PER_BLOCK, 13}, {FMHA_FP8_PER_BLOCK, 100}};
     tu_rng r = {2024};
     for (int di = 0; di < 3; di++)
@@ -310,9 +320,9 @@ static void test_quantize_degenerate_groups(void)
     for (int64_t s = 0; s < 6; s++)
         for (int64_t c = 0; c < 5; c++) {
             set_x(&x, 0, s, 1, c, (s + c) % 2 ? 0.0f : -0.0f); /* all zero */
-            set_x(&x, 0, s, 2, c, (c % 2) ? NAN : -NAN);        /* all NaN */
-            set_x(&x, 1, s, 0, c, FLT_TRUE_MIN);                /* amax / 448 underflows */
-            set_x(&x, 1, s, 1, c, (float)(c - 2) * 1e-40f);     /* subnormal scale */
+            set_x(&x, 0, s, 2, c, (c % 2) ? NAN : -NAN);       /* all NaN */
+            set_x(&x, 1, s, 0, c, FLT_TRUE_MIN);               /* amax / 448 underflows */
+            set_x(&x, 1, s, 1, c, (float)(c - 2) * 1e-40f);    /* subnormal scale */
         }
     set_x(&x, 1, 3, 2, 4, NAN); /* ignored for amax */
     set_x(&x, 1, 4, 3, 0, -NAN);
@@ -420,8 +430,7 @@ static void expect_invalid(err_fixture *f, const fmha_tensor *x, fmha_tensor *y,
 {
     fmha_status st = fmha_quantize_fp8(x, y, scales, sc, br);
     const char *msg = fmha_last_error();
-    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT, "[%s]: status %s", phrase,
-             fmha_status_string(st));
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT, "[%s]: status %s", phrase, fmha_status_string(st));
     TU_CHECK(strstr(msg, phrase) != NULL, "message \"%s\" lacks \"%s\"", msg, phrase);
     if (!strstr(phrase, "infinite")) {
         st = fmha_quantize_fp8_cuda(x, y, scales, sc, br, NULL);
@@ -493,7 +502,8 @@ static void test_errors(void)
     fmha_status cst = fmha_quantize_fp8_cuda(&f.x, &f.y, f.scales, PB, EBR, NULL);
     TU_CHECK((cst == FMHA_STATUS_INVALID_ARGUMENT && strstr(fmha_last_error(), "host memory")) ||
                  cst == FMHA_STATUS_UNSUPPORTED,
-             "CUDA entry point on host memory: %s, \"%s\"", fmha_status_string(cst), fmha_last_error());
+             "CUDA entry point on host memory: %s, \"%s\"", fmha_status_string(cst),
+             fmha_last_error());
     int untouched = 1;
     for (size_t i = 0; i < sizeof f.yd; i++)
         untouched &= f.yd[i] == POISON;
@@ -532,9 +542,21 @@ static void test_attention_cases(int ncases)
     }
     /* A longer one: 257 queries against 600 keys (several query tiles and
      * scale blocks), GQA, causal, per-block scales. */
-    tcase c = {.batch = 1, .sq = 257, .sk = 600, .heads = 4, .kv = 2, .d = 128, .dv = 128,
-               .dt = FMHA_DTYPE_F8_E4M3, .odt = FMHA_DTYPE_BF16, .causal = 1, .wl = -1, .wr = -1,
-               .lse = 1, .dl = FMHA_DESCALE_PER_BLOCK, .dblock = 128};
+    tcase c = {.batch = 1,
+               .sq = 257,
+               .sk = 600,
+               .heads = 4,
+               .kv = 2,
+               .d = 128,
+               .dv = 128,
+               .dt = FMHA_DTYPE_F8_E4M3,
+               .odt = FMHA_DTYPE_BF16,
+               .causal = 1,
+               .wl = -1,
+               .wr = -1,
+               .lse = 1,
+               .dl = FMHA_DESCALE_PER_BLOCK,
+               .dblock = 128};
     tcase_run(&c, &r, fmha_forward);
 }
 
@@ -699,8 +721,8 @@ static void test_compute_matches_explicit(void)
         TU_CHECK(fmha_layer_get_path(layer, &reason) == FMHA_LAYER_PATH_FP8 &&
                      strstr(reason, "quantized to f8_e4m3 on each call") &&
                      strstr(reason, fmha_layer_kernel(layer)->name),
-                 "fp8_compute layer %zu: path %s (%s)",
-                 i, fmha_layer_path_name(fmha_layer_get_path(layer, NULL)), reason);
+                 "fp8_compute layer %zu: path %s (%s)", i,
+                 fmha_layer_path_name(fmha_layer_get_path(layer, NULL)), reason);
         TU_CHECK(strstr(fmha_layer_kernel(layer)->name, "_f32") != NULL,
                  "the FP8 path runs an f32 kernel, not %s", fmha_layer_kernel(layer)->name);
         fmha_kernel_info info;
@@ -722,8 +744,10 @@ static void test_compute_matches_explicit(void)
             cc.a.lse = want.lse;
             st = explicit_fp8(&cfg, &cc.a);
             TU_CHECK(st == FMHA_STATUS_OK, "explicit FP8 %zu: %s", i, fmha_last_error());
-            TU_CHECK(out_same(&got, &want), "fp8_compute %zu size %d differs from quantize + FP8 "
-                     "attention", i, z);
+            TU_CHECK(out_same(&got, &want),
+                     "fp8_compute %zu size %d differs from quantize + FP8 "
+                     "attention",
+                     i, z);
             /* And it is attention: near the exact answer on the unquantized inputs
              * (the reference ignores fp8_compute). */
             cc.a.out = ref.out.t;
@@ -731,8 +755,8 @@ static void test_compute_matches_explicit(void)
             TU_CHECK(fmha_reference_forward(&cc.cfg, &cc.a) == FMHA_STATUS_OK, "reference: %s",
                      fmha_last_error());
             double e = tu_rel_l2(&got.out, &ref.out);
-            TU_CHECK(e < 0.06, "fp8_compute %zu size %d: relative L2 %.3g from the reference", i,
-                     z, e);
+            TU_CHECK(e < 0.06, "fp8_compute %zu size %d: relative L2 %.3g from the reference", i, z,
+                     e);
             out_free(&got);
             out_free(&want);
             out_free(&ref);
@@ -836,8 +860,10 @@ static void test_compute_fallback(void)
                       fmha_layer_kernel(layer)->device == FMHA_DEVICE_CPU),
                  "CUDA fp8_compute: path %s (%s)", fmha_layer_path_name(path), reason);
     } else {
-        TU_CHECK(!strcmp(fmha_last_error(), want_msg), "CUDA fp8_compute fails with \"%s\", bf16 "
-                 "with \"%s\"", fmha_last_error(), want_msg);
+        TU_CHECK(!strcmp(fmha_last_error(), want_msg),
+                 "CUDA fp8_compute fails with \"%s\", bf16 "
+                 "with \"%s\"",
+                 fmha_last_error(), want_msg);
     }
     fmha_layer_free(layer);
     conv_free(&cc);
@@ -904,7 +930,8 @@ static void test_smooth_k(void)
     tu_rng r = {2024};
     for (int run = 0; run < 4; run++) {
         const int varlen = run % 2;
-        const fmha_fp8_compute mode = run < 2 ? FMHA_FP8_COMPUTE_PER_TENSOR : FMHA_FP8_COMPUTE_PER_BLOCK;
+        const fmha_fp8_compute mode =
+            run < 2 ? FMHA_FP8_COMPUTE_PER_TENSOR : FMHA_FP8_COMPUTE_PER_BLOCK;
         conv_case cc;
         conv_init(&cc, run < 2 ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32, 150, 260, varlen, mode, &r);
         const fmha_tensor *kt = &cc.k.t;
@@ -945,13 +972,17 @@ static void test_smooth_k(void)
             fmha_layer_free(layer);
         }
         const double ep = tu_rel_l2(&plain.out, &ref.out), es = tu_rel_l2(&smooth.out, &ref.out);
-        TU_CHECK(es < 0.06 && es < ep / 3, "run %d: smoothed K %.3g, unsmoothed %.3g from the "
-                 "reference", run, es, ep);
+        TU_CHECK(es < 0.06 && es < ep / 3,
+                 "run %d: smoothed K %.3g, unsmoothed %.3g from the "
+                 "reference",
+                 run, es, ep);
         TU_CHECK(tu_gaps_untouched(&smooth.out, 0xFF), "run %d: smoothing wrote outside out", run);
         int bad = 0;
         const double worst = tu_lse_err(smooth.lse, ref.lse, (int64_t)smooth.nlse, &bad);
-        TU_CHECK(worst < 0.25 && !bad, "run %d: smoothed LSE off by %.3g (rows without keys or "
-                 "non-finite values: %d)", run, worst, bad);
+        TU_CHECK(worst < 0.25 && !bad,
+                 "run %d: smoothed LSE off by %.3g (rows without keys or "
+                 "non-finite values: %d)",
+                 run, worst, bad);
         out_free(&ref);
         out_free(&plain);
         out_free(&smooth);

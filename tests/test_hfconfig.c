@@ -39,9 +39,9 @@ static void expect_ok(int line, const char *what, const char *json, int64_t head
         tu_passed++;
     } else {
         tu_failed++;
-        printf("FAIL line %d (%s): rc %d err \"%s\" got %lld/%lld/%lld/%lld \"%s\"\n", line,
-               what, rc, err, (long long)s.num_heads, (long long)s.num_kv_heads,
-               (long long)s.head_dim, (long long)s.hidden_size, s.source);
+        printf("FAIL line %d (%s): rc %d err \"%s\" got %lld/%lld/%lld/%lld \"%s\"\n", line, what,
+               rc, err, (long long)s.num_heads, (long long)s.num_kv_heads, (long long)s.head_dim,
+               (long long)s.hidden_size, s.source);
     }
 }
 
@@ -55,13 +55,13 @@ static void expect_err(int line, const char *what, const char *json, const char 
         tu_passed++;
     } else {
         tu_failed++;
-        printf("FAIL line %d (%s): rc %d err \"%s\", want one containing \"%s\"\n", line, what,
-               rc, err, sub);
+        printf("FAIL line %d (%s): rc %d err \"%s\", want one containing \"%s\"\n", line, what, rc,
+               err, sub);
     }
 }
 
 #define OK(what, json, h, kv, hd, hid, src) expect_ok(__LINE__, what, json, h, kv, hd, hid, src)
-#define ERR(what, json, sub) expect_err(__LINE__, what, json, sub)
+#define ERR(what, json, sub)                expect_err(__LINE__, what, json, sub)
 
 int main(void)
 {
@@ -78,11 +78,12 @@ int main(void)
        "\"num_attention_heads\":32,\"num_key_value_heads\":8,\"head_dim\":128,"
        "\"rope_theta\":500000.0}",
        32, 8, 128, 4096, "num_kv_heads=8 from num_key_value_heads, head_dim=128 from head_dim");
-    OK("Llama-2-7B: no head_dim, derived", "{\"hidden_size\":4096,\"num_attention_heads\":32,"
+    OK("Llama-2-7B: no head_dim, derived",
+       "{\"hidden_size\":4096,\"num_attention_heads\":32,"
        "\"num_key_value_heads\":32}",
        32, 32, 128, 4096, "head_dim=128 from hidden_size/heads");
-    OK("GPT-style MHA: no kv heads", "{\"hidden_size\":768,\"num_attention_heads\":12}", 12, 12,
-       64, 768, "num_kv_heads=12 from default (MHA");
+    OK("GPT-style MHA: no kv heads", "{\"hidden_size\":768,\"num_attention_heads\":12}", 12, 12, 64,
+       768, "num_kv_heads=12 from default (MHA");
     OK("kv heads null = MHA",
        "{\"hidden_size\":2048,\"num_attention_heads\":16,\"num_key_value_heads\":null,"
        "\"head_dim\":null}",
@@ -104,11 +105,12 @@ int main(void)
     OK("Z-Image (diffusers): n_heads, n_kv_heads, dim",
        "{\"_class_name\":\"ZImageTransformer2DModel\",\"dim\":3840,\"n_heads\":30,"
        "\"n_kv_heads\":30,\"n_layers\":30}",
-       30, 30, 128, 3840, "num_heads=30 from n_heads, num_kv_heads=30 from n_kv_heads, "
+       30, 30, 128, 3840,
+       "num_heads=30 from n_heads, num_kv_heads=30 from n_kv_heads, "
        "head_dim=128 from dim/heads");
     OK("Wan original config: num_heads, dim",
-       "{\"_class_name\":\"WanModel\",\"dim\":5120,\"num_heads\":40,\"ffn_dim\":13824}",
-       40, 40, 128, 5120, "from num_heads");
+       "{\"_class_name\":\"WanModel\",\"dim\":5120,\"num_heads\":40,\"ffn_dim\":13824}", 40, 40,
+       128, 5120, "from num_heads");
     OK("standard name wins over alias",
        "{\"num_attention_heads\":32,\"num_heads\":7,\"num_key_value_heads\":8,"
        "\"n_kv_heads\":3,\"head_dim\":128}",
@@ -128,16 +130,16 @@ int main(void)
        16, 16, 64, 1024, "top level");
     OK("integral float values", "{\"num_attention_heads\":32.0,\"hidden_size\":4096.0}", 32, 32,
        128, 4096, "");
-    OK("whitespace around JSON", "\n  {\"num_attention_heads\":4,\"head_dim\":16}  \n\n", 4, 4,
-       16, 0, "");
+    OK("whitespace around JSON", "\n  {\"num_attention_heads\":4,\"head_dim\":16}  \n\n", 4, 4, 16,
+       0, "");
 
     /* The exact GQA message, word for word. */
     {
         hf_attn_shape s;
         char err[512] = "";
-        int rc = read_json(
-            "{\"hidden_size\":3584,\"num_attention_heads\":28,\"num_key_value_heads\":6}", &s,
-            err, sizeof err);
+        int rc =
+            read_json("{\"hidden_size\":3584,\"num_attention_heads\":28,\"num_key_value_heads\":6}",
+                      &s, err, sizeof err);
         const char *want = "num_heads (28) must be a multiple of num_kv_heads (6): each KV head "
                            "serves an equal group of query heads; check num_attention_heads / "
                            "num_key_value_heads in the model config";
@@ -192,8 +194,7 @@ int main(void)
         "num_attention_heads is -1e+300; it must be a positive integer");
     ERR("2^53 + 0.5 is no integer", "{\"num_attention_heads\":2.5e15,\"head_dim\":64}",
         "num_attention_heads is 2500000000000000, too large");
-    ERR("mismatched dim (alias names in message)",
-        "{\"dim\":3840,\"n_heads\":30,\"head_dim\":64}",
+    ERR("mismatched dim (alias names in message)", "{\"dim\":3840,\"n_heads\":30,\"head_dim\":64}",
         "head_dim (64) x n_heads (30) does not equal dim (3840)");
     ERR("GQA error with alias names", "{\"dim\":2304,\"n_heads\":24,\"n_kv_heads\":7}",
         "num_heads (24) must be a multiple of num_kv_heads (7)");

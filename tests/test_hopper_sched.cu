@@ -17,20 +17,22 @@ using namespace fmha_cuda;
 
 static int passed, failed;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else if (++failed <= 20) {                                                               \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
+#define CHECK(cond, ...)                                \
+    do {                                                \
+        if (cond) {                                     \
+            passed++;                                   \
+        } else if (++failed <= 20) {                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                        \
+            printf("\n");                               \
+        }                                               \
     } while (0)
 
 static const char *mode_name(fmha_schedule m)
 {
-    return m == FMHA_SCHEDULE_TILES ? "tiles" : m == FMHA_SCHEDULE_PERSISTENT ? "persistent" : "split";
+    return m == FMHA_SCHEDULE_TILES        ? "tiles"
+           : m == FMHA_SCHEDULE_PERSISTENT ? "persistent"
+                                           : "split";
 }
 
 /* One launch of `tiles` query tiles (tiles_x per head) of n key tiles each
@@ -39,9 +41,10 @@ static void check_launch(int64_t tiles, int64_t n, int resident, bool uniform, f
                          int cl = 1, int64_t tiles_x = 7)
 {
     char what[200];
-    snprintf(what, sizeof what, "tiles %lld (%lld per head), key tiles %lld, resident %d, %s, %s, cluster %d",
-             (long long)tiles, (long long)tiles_x, (long long)n, resident, uniform ? "uniform" : "ragged",
-             mode_name(mode), cl);
+    snprintf(what, sizeof what,
+             "tiles %lld (%lld per head), key tiles %lld, resident %d, %s, %s, cluster %d",
+             (long long)tiles, (long long)tiles_x, (long long)n, resident,
+             uniform ? "uniform" : "ragged", mode_name(mode), cl);
     const hopper_sched s = sched_plan(tiles, tiles_x, n, resident, uniform, mode, cl);
     if (tiles > INT32_MAX / 2) {
         CHECK(s.ctas == -1, "%s: %d blocks, want the refusal (-1)", what, s.ctas);
@@ -92,8 +95,9 @@ static void check_launch(int64_t tiles, int64_t n, int resident, bool uniform, f
         apart += walk[c].size() != walk[c + 1].size();
         for (size_t i = 0; i < walk[c].size() && i < walk[c + 1].size(); i++) {
             const segment &a = walk[c][i], &b = walk[c + 1][i];
-            apart += a.tile % 2 != 0 || b.tile != a.tile + 1 || a.tile / tiles_x != b.tile / tiles_x ||
-                     a.t_lo != b.t_lo || a.t_hi != b.t_hi || (a.slot < 0) != (b.slot < 0);
+            apart += a.tile % 2 != 0 || b.tile != a.tile + 1 ||
+                     a.tile / tiles_x != b.tile / tiles_x || a.t_lo != b.t_lo || a.t_hi != b.t_hi ||
+                     (a.slot < 0) != (b.slot < 0);
         }
     }
     CHECK(apart == 0, "%s: %d pieces where a cluster's blocks part", what, apart);
@@ -124,7 +128,8 @@ static void check_launch(int64_t tiles, int64_t n, int resident, bool uniform, f
 
 int main(void)
 {
-    const fmha_schedule modes[] = {FMHA_SCHEDULE_TILES, FMHA_SCHEDULE_PERSISTENT, FMHA_SCHEDULE_SPLIT};
+    const fmha_schedule modes[] = {FMHA_SCHEDULE_TILES, FMHA_SCHEDULE_PERSISTENT,
+                                   FMHA_SCHEDULE_SPLIT};
     /* The H200's 132 SMs on model shapes (bench/bench_cuda.py, 128-row and
      * 128-key tiles): Flux, FA3 grid d128, Wan 480p, cross-attention. */
     const int64_t models[][2] = {{864, 36}, {2048, 128}, {10240, 256}, {10240, 4}};
@@ -135,8 +140,8 @@ int main(void)
     /* Edges: one tile, one key tile, fewer tiles than blocks, a tail of one
      * tile over many blocks (ranges shorter than a key tile, empty ranges),
      * the most blocks a split may have and one more, no resident count. */
-    const int64_t edges[][3] = {{1, 1, 132},   {1, 4, 132},   {1, 200, 256},  {5, 3, 132},
-                                {133, 4, 132}, {133, 5, 132}, {239, 9, 132},  {265, 1000, 132},
+    const int64_t edges[][3] = {{1, 1, 132},    {1, 4, 132},    {1, 200, 256}, {5, 3, 132},
+                                {133, 4, 132},  {133, 5, 132},  {239, 9, 132}, {265, 1000, 132},
                                 {300, 50, 256}, {300, 50, 257}, {7, 7, 1},     {50, 6, 0}};
     for (auto &e : edges)
         for (fmha_schedule mode : modes)
@@ -159,8 +164,8 @@ int main(void)
             check_launch(m[0], m[1], 132, true, mode, 2, m[0] == 864 ? 36 : 128);
     for (int i = 0; i < 4000; i++) {
         const int64_t tiles_x = 2 * (1 + next(20));
-        check_launch(tiles_x * (1 + next(40)), 1 + next(150), (int)next(300), next(4) != 0, modes[next(3)], 2,
-                     tiles_x);
+        check_launch(tiles_x * (1 + next(40)), 1 + next(150), (int)next(300), next(4) != 0,
+                     modes[next(3)], 2, tiles_x);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

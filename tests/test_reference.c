@@ -12,15 +12,15 @@
 /* ------------------------------------------------------------ brute force */
 
 typedef struct rcase {
-    int64_t batch;         /* sequences */
-    int64_t sq, sk;        /* padded lengths (varlen: longest allowed) */
-    int varlen;            /* per-sequence lengths drawn in [0, sq] / [0, sk] */
-    int64_t extra_q;       /* varlen: tokens past the last sequence */
+    int64_t batch;   /* sequences */
+    int64_t sq, sk;  /* padded lengths (varlen: longest allowed) */
+    int varlen;      /* per-sequence lengths drawn in [0, sq] / [0, sk] */
+    int64_t extra_q; /* varlen: tokens past the last sequence */
     int64_t heads, kv, d, dv;
     int causal;
     int64_t wl, wr;
     double scale, softcap, dropout;
-    int lq, lkv, lo;       /* layouts: 0 BSHD, 1 BHSD, 2 padded strides */
+    int lq, lkv, lo; /* layouts: 0 BSHD, 1 BHSD, 2 padded strides */
     fmha_dtype dt, odt;
     int lse;
     uint64_t seed, offset;
@@ -95,10 +95,10 @@ static void brute_head(const rcase *c, const tu_tensor *q, const tu_tensor *k, c
         for (int64_t j = 0; j < sk; j++) {
             P[i * sk + j] /= l;
             if (c->dropout > 0)
-                P[i * sk + j] *= fmha_dropout_keep(c->seed, c->offset, seq, c->heads, h, i, j,
-                                                   c->dropout)
-                                     ? 1.0 / (1.0 - c->dropout)
-                                     : 0.0;
+                P[i * sk + j] *=
+                    fmha_dropout_keep(c->seed, c->offset, seq, c->heads, h, i, j, c->dropout)
+                        ? 1.0 / (1.0 - c->dropout)
+                        : 0.0;
         }
         for (int64_t e = 0; e < c->dv; e++) {
             double o = 0;
@@ -213,9 +213,10 @@ static int run_case(const rcase *c, tu_rng *rng)
                     double err = fabs(got - want);
                     if (!(err <= out_tol(c->odt, want))) {
                         if (bad_out++ == 0)
-                            fprintf(stderr, "  %s: out[b%lld i%lld h%lld c%lld] = %.9g, want %.9g\n",
-                                    desc, (long long)b, (long long)i, (long long)h, (long long)e,
-                                    got, want);
+                            fprintf(stderr,
+                                    "  %s: out[b%lld i%lld h%lld c%lld] = %.9g, want %.9g\n", desc,
+                                    (long long)b, (long long)i, (long long)h, (long long)e, got,
+                                    want);
                     }
                     if (err > max_err || isnan(err))
                         max_err = err;
@@ -223,9 +224,8 @@ static int run_case(const rcase *c, tu_rng *rng)
                 if (c->lse) {
                     int64_t idx = c->varlen ? h * tq + q0 + i : (b * c->heads + h) * sq + i;
                     double got = lse[idx], want = lbf[i];
-                    int good = want == -INFINITY
-                                   ? got == -INFINITY
-                                   : fabs(got - want) <= 1e-6 * fmax(1.0, fabs(want));
+                    int good = want == -INFINITY ? got == -INFINITY
+                                                 : fabs(got - want) <= 1e-6 * fmax(1.0, fabs(want));
                     if (!good && bad_lse++ == 0)
                         fprintf(stderr, "  %s: lse[b%lld i%lld h%lld] = %.9g, want %.9g\n", desc,
                                 (long long)b, (long long)i, (long long)h, got, want);
@@ -277,8 +277,8 @@ static int run_case(const rcase *c, tu_rng *rng)
     return ok;
 }
 
-static rcase base_case(int64_t batch, int64_t sq, int64_t sk, int64_t heads, int64_t kv,
-                       int64_t d, int64_t dv)
+static rcase base_case(int64_t batch, int64_t sq, int64_t sk, int64_t heads, int64_t kv, int64_t d,
+                       int64_t dv)
 {
     rcase c;
     memset(&c, 0, sizeof c);
@@ -456,8 +456,8 @@ static void test_hand_cases(void)
                          out[r * 3 + e], v[e]);
             double score = (q[r * 2] * 0.5 + q[r * 2 + 1] * 0.25) / sqrt(2.0);
             int i = r / 2, h = r % 2;
-            TU_CHECK(near(lse[h * 3 + i], score, 1e-7), "single key: lse[h%d][%d] = %.9g, want %.9g",
-                     h, i, lse[h * 3 + i], score);
+            TU_CHECK(near(lse[h * 3 + i], score, 1e-7),
+                     "single key: lse[h%d][%d] = %.9g, want %.9g", h, i, lse[h * 3 + i], score);
         }
         /* with softcap the lse is the capped score */
         cfg.softcap = 0.5;
@@ -499,8 +499,8 @@ static void test_hand_cases(void)
                  fmha_last_error());
         TU_CHECK(out[0] == 1.5f && out[1] == 3.0f, "two equal keys: out (%g, %g), want (1.5, 3)",
                  out[0], out[1]);
-        TU_CHECK(near(lse[0], -1.5 + log(2.0), 1e-7), "two equal keys: lse %.9g, want %.9g",
-                 lse[0], -1.5 + log(2.0));
+        TU_CHECK(near(lse[0], -1.5 + log(2.0), 1e-7), "two equal keys: lse %.9g, want %.9g", lse[0],
+                 -1.5 + log(2.0));
     }
 
     /* Two keys of different scores: softmax weights by hand. */
@@ -512,8 +512,8 @@ static void test_hand_cases(void)
         TU_CHECK(run_small(&cfg, 1, 2, q, k, v, out, lse, 0, 0) == FMHA_STATUS_OK, "%s",
                  fmha_last_error());
         double w0 = exp(1.0) / (exp(1.0) + exp(-1.0)); /* scores +1, -1 */
-        TU_CHECK(near(out[0], 4 * w0 - 2 * (1 - w0), 1e-6), "two keys: out %.9g, want %.9g",
-                 out[0], 4 * w0 - 2 * (1 - w0));
+        TU_CHECK(near(out[0], 4 * w0 - 2 * (1 - w0), 1e-6), "two keys: out %.9g, want %.9g", out[0],
+                 4 * w0 - 2 * (1 - w0));
         TU_CHECK(near(lse[0], log(exp(1.0) + exp(-1.0)), 1e-7), "two keys: lse %.9g", lse[0]);
     }
 
@@ -533,9 +533,9 @@ static void test_hand_cases(void)
             TU_CHECK(out[i * 2] == w0 && out[i * 2 + 1] == w1,
                      "band sq4 sk2: row %d out (%g, %g), want (%g, %g)", i, out[i * 2],
                      out[i * 2 + 1], w0, w1);
-            double want = i < 2 ? -INFINITY
-                                : (q[i * 2] * k[(i - 2) * 2] + q[i * 2 + 1] * k[(i - 2) * 2 + 1]) /
-                                      sqrt(2.0);
+            double want =
+                i < 2 ? -INFINITY
+                      : (q[i * 2] * k[(i - 2) * 2] + q[i * 2 + 1] * k[(i - 2) * 2 + 1]) / sqrt(2.0);
             TU_CHECK(near(lse[i], want, 1e-7), "band sq4 sk2: row %d lse %g, want %g", i, lse[i],
                      want);
         }
@@ -607,8 +607,7 @@ static void test_hand_cases(void)
         for (int64_t i = 0; i < 64; i++)
             for (int64_t j = 0; j < 64; j++, n++)
                 kept += fmha_dropout_keep(99, 5, 1, 4, 2, i, j, 0.25);
-        TU_CHECK(fabs((double)kept / n - 0.75) < 0.03, "keep rate %g for p 0.25",
-                 (double)kept / n);
+        TU_CHECK(fabs((double)kept / n - 0.75) < 0.03, "keep rate %g for p 0.25", (double)kept / n);
         TU_CHECK(fmha_dropout_keep(99, 5, 1, 4, 2, 3, 7, 0.0) == 1, "p = 0 must keep");
     }
 

@@ -103,9 +103,9 @@ static void expect_fail(int line, const char *what, const char *path, st_status 
 }
 
 /* One header with `data_bytes` of zero data must be refused with `sub` in the message. */
-#define BAD_HEADER(what, header, data_bytes, sub)                      \
-    do {                                                               \
-        write_raw(tpath("bad.safetensors"), header, data_bytes);       \
+#define BAD_HEADER(what, header, data_bytes, sub)                                  \
+    do {                                                                           \
+        write_raw(tpath("bad.safetensors"), header, data_bytes);                   \
         expect_fail(__LINE__, what, tpath("bad.safetensors"), ST_ERR_FORMAT, sub); \
     } while (0)
 
@@ -191,8 +191,8 @@ static void make_fixture(fixture *x)
     x->scalar = 3.25;
     x->f8[0] = 0x38, x->f8[1] = 0x7e, x->f8[2] = 0x80;
 
-    int64_t s23[] = {2, 3}, s4[] = {4}, s113[] = {1, 1, 3}, s2[] = {2}, s5[] = {5},
-            s04[] = {0, 4}, s3[] = {3}, s7x0[] = {7, 0};
+    int64_t s23[] = {2, 3}, s4[] = {4}, s113[] = {1, 1, 3}, s2[] = {2}, s5[] = {5}, s04[] = {0, 4},
+            s3[] = {3}, s7x0[] = {7, 0};
     int n = 0;
     /* u8 first so every later tensor starts at an odd offset. */
     x->t[n++] = st_tensor_make("bytes", ST_DTYPE_U8, 1, s5, x->u8);
@@ -370,8 +370,7 @@ static void test_corrupt(void)
     write_bytes(tpath("zero.safetensors"), "", 0);
     expect_fail(__LINE__, "empty file", tpath("zero.safetensors"), ST_ERR_FORMAT, "shorter");
     write_bytes(tpath("five.safetensors"), "\x02\0\0\0\0", 5);
-    expect_fail(__LINE__, "5-byte file", tpath("five.safetensors"), ST_ERR_FORMAT,
-                "is 5 bytes");
+    expect_fail(__LINE__, "5-byte file", tpath("five.safetensors"), ST_ERR_FORMAT, "is 5 bytes");
     write_raw_len(tpath("huge.safetensors"), 100000001, "{}", 2, NULL, 0);
     expect_fail(__LINE__, "header over limit", tpath("huge.safetensors"), ST_ERR_FORMAT,
                 "header length 100000001 exceeds");
@@ -423,8 +422,8 @@ static void test_corrupt(void)
         uint64_t hlen = 0;
         for (int i = 7; i >= 0; i--)
             hlen = (hlen << 8) | raw[i];
-        static const unsigned char vals[] = {0x00, 0xff, '{', '}', '"', ',', ':', '[', ']',
-                                             '-', '9', ' ', 0x80, 0xc3};
+        static const unsigned char vals[] = {0x00, 0xff, '{', '}', '"', ',',  ':',
+                                             '[',  ']',  '-', '9', ' ', 0x80, 0xc3};
         int accepted = 0, tried = 0;
         unsigned sink = 0;
         for (size_t pos = 8; pos < 8 + hlen; pos++) {
@@ -469,8 +468,8 @@ static void test_corrupt(void)
         memcpy(more, raw, len);
         more[0] ^= 0x08; /* header length off by 8: JSON ends early or runs into data */
         write_bytes(tpath("flip.safetensors"), more, len);
-        expect_fail(__LINE__, "header length changed", tpath("flip.safetensors"),
-                    ST_ERR_FORMAT, "");
+        expect_fail(__LINE__, "header length changed", tpath("flip.safetensors"), ST_ERR_FORMAT,
+                    "");
         free(more);
         free(raw);
     }
@@ -511,15 +510,12 @@ static void test_corrupt(void)
     BAD_HEADER("fractional dim",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,1.5],\"data_offsets\":[0,8]}}", 8,
                "shape[1] = 1.5");
-    BAD_HEADER("string dim",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8,
-               "shape[0] = \"2\"");
-    BAD_HEADER("huge dim",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,8]}}", 8,
-               "shape[0]");
-    BAD_HEADER("shape not array",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8,
-               "\"shape\" is not an array");
+    BAD_HEADER("string dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}",
+               8, "shape[0] = \"2\"");
+    BAD_HEADER("huge dim", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,8]}}",
+               8, "shape[0]");
+    BAD_HEADER("shape not array", "{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}",
+               8, "\"shape\" is not an array");
     BAD_HEADER("no shape", "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8,
                "\"shape\" is missing");
     BAD_HEADER("9 dims",
@@ -536,14 +532,13 @@ static void test_corrupt(void)
                8, "overflows");
 
     /* data_offsets. */
-    BAD_HEADER("one offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}",
-               8, "\"a\": \"data_offsets\" must be [begin, end]");
+    BAD_HEADER("one offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8,
+               "\"a\": \"data_offsets\" must be [begin, end]");
     BAD_HEADER("three offsets",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,8]}}", 8,
                "data_offsets");
     BAD_HEADER("negative offset",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8,
-               "[-8,0]");
+               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8, "[-8,0]");
     BAD_HEADER("string offset",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[\"0\",8]}}", 8,
                "data_offsets");
@@ -558,9 +553,8 @@ static void test_corrupt(void)
     BAD_HEADER("end before begin",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
                "[8, 0] end before they begin");
-    BAD_HEADER("size mismatch",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8,
-               "\"a\": data_offsets [0, 4] hold 4 bytes but shape [2] of F32 needs 8");
+    BAD_HEADER("size mismatch", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}",
+               8, "\"a\": data_offsets [0, 4] hold 4 bytes but shape [2] of F32 needs 8");
     BAD_HEADER("scalar size mismatch",
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,8]}}", 8,
                "shape [] of F32 needs 4");
@@ -585,9 +579,8 @@ static void test_corrupt(void)
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
                12, "data bytes [4, 8) belong to no tensor (gap before tensor \"b\")");
-    BAD_HEADER("hole at start",
-               "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
-               "[0, 4) belong to no tensor");
+    BAD_HEADER("hole at start", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+               8, "[0, 4) belong to no tensor");
     BAD_HEADER("trailing data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
                8, "[4, 8) at the end of the file belong to no tensor");
     BAD_HEADER("data but no tensors", "{}", 8, "[0, 8) at the end");
@@ -597,8 +590,8 @@ static void test_corrupt(void)
                "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                8, "name \"a\" appears more than once");
-    BAD_HEADER("duplicate metadata",
-               "{\"__metadata__\":{},\"__metadata__\":{}}", 0, "\"__metadata__\" appears");
+    BAD_HEADER("duplicate metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", 0,
+               "\"__metadata__\" appears");
     BAD_HEADER("metadata not object", "{\"__metadata__\":[\"a\"]}", 0,
                "\"__metadata__\" is not an object");
     BAD_HEADER("metadata value not string", "{\"__metadata__\":{\"k\":1}}", 0,
@@ -623,8 +616,7 @@ static void check_untouched(int line, const char *what, const char *victim)
 {
     size_t len = 0;
     unsigned char *raw = read_bytes(victim, &len);
-    int ok = raw && len == 9 && memcmp(raw, "old bytes", 9) == 0 &&
-             count_temp_files(g_dir) == 0;
+    int ok = raw && len == 9 && memcmp(raw, "old bytes", 9) == 0 && count_temp_files(g_dir) == 0;
     if (ok) {
         tu_passed++;
     } else {
@@ -670,8 +662,7 @@ static void test_write_failures(void)
     int64_t s2[] = {2};
     t[0] = st_tensor_make("a", ST_DTYPE_F32, 1, s2, x.f32);
     t[1] = t[0];
-    expect_write_fail(__LINE__, "duplicate names", t, 2, NULL, ST_ERR_ARG,
-                      "\"a\" is used twice");
+    expect_write_fail(__LINE__, "duplicate names", t, 2, NULL, ST_ERR_ARG, "\"a\" is used twice");
     t[1].name = "__metadata__";
     expect_write_fail(__LINE__, "reserved name", t, 2, NULL, ST_ERR_ARG, "reserved");
     t[1] = t[0];
@@ -772,8 +763,8 @@ static void test_output_guard(void)
     const char *fifo = tpath("fifo");
     CHECK(mkfifo(fifo, 0644) == 0, "mkfifo: %s", strerror(errno));
     st = st_write(fifo, x.t, x.count, NULL, err, sizeof err);
-    CHECK(st == ST_ERR_ARG && strstr(err, "is a FIFO, not a regular file") && stat(fifo, &sb) == 0 &&
-              S_ISFIFO(sb.st_mode) && count_temp_files(g_dir) == 0,
+    CHECK(st == ST_ERR_ARG && strstr(err, "is a FIFO, not a regular file") &&
+              stat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode) && count_temp_files(g_dir) == 0,
           "st_write refuses a FIFO and leaves it one: %s %s", st_status_string(st), err);
     unlink(fifo);
 

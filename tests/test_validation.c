@@ -105,8 +105,8 @@ static void check_result(const char *what, const char *entry, fmha_status got, f
              phrase);
 }
 
-enum { AT_INIT, AT_FORWARD };  /* where the layer path must fail */
-enum { REF_CHECK, REF_SKIP };  /* whether the reference shares the check */
+enum { AT_INIT, AT_FORWARD }; /* where the layer path must fail */
+enum { REF_CHECK, REF_SKIP }; /* whether the reference shares the check */
 
 /* Runs a failing call through every entry point; out and lse must stay
  * poisoned each time. A config error fails at fmha_layer_init (and in
@@ -145,7 +145,7 @@ static void expect(const char *what, fixture *f, fmha_status want, const char *p
     }
 }
 
-#define INVALID FMHA_STATUS_INVALID_ARGUMENT
+#define INVALID     FMHA_STATUS_INVALID_ARGUMENT
 #define UNSUPPORTED FMHA_STATUS_UNSUPPORTED
 
 /* --------------------------------------------------------- NULL pointers */
@@ -286,8 +286,7 @@ static void test_tensor_dims(void)
     f.a.q.data = dummy;
     f.a.q.stride_batch = (int64_t)1 << 62;
     f.a.q.stride_seq = (int64_t)1 << 61;
-    expect("q spans summed", &f, INVALID, "q spans more than 2^63 elements", AT_FORWARD,
-           REF_CHECK);
+    expect("q spans summed", &f, INVALID, "q spans more than 2^63 elements", AT_FORWARD, REF_CHECK);
 
     fx_init(&f); /* 2^61 + 8 elements fit in int64, x 4 bytes does not */
     f.a.k.data = dummy;
@@ -497,8 +496,8 @@ static void test_config(void)
     expect("window_left -2", &f, INVALID, "window_left (-2) must be >= -1", AT_INIT, REF_CHECK);
     fx_init(&f);
     f.cfg.window_right = INT64_MIN;
-    expect("window_right INT64_MIN", &f, INVALID, "window_right (-9223372036854775808) must be >= -1",
-           AT_INIT, REF_CHECK);
+    expect("window_right INT64_MIN", &f, INVALID,
+           "window_right (-9223372036854775808) must be >= -1", AT_INIT, REF_CHECK);
     fx_init(&f);
     f.cfg.num_threads = -1;
     expect("num_threads -1", &f, INVALID, "num_threads (-1) must be >= 0", AT_INIT, REF_CHECK);
@@ -509,8 +508,7 @@ static void test_config(void)
     expect("cfg.dtype 4", &f, INVALID, "dtype (4) is not a fmha_dtype value", AT_INIT, REF_CHECK);
     fx_init(&f);
     f.cfg.dtype = (fmha_dtype)-1;
-    expect("cfg.dtype -1", &f, INVALID, "dtype (-1) is not a fmha_dtype value", AT_INIT,
-           REF_CHECK);
+    expect("cfg.dtype -1", &f, INVALID, "dtype (-1) is not a fmha_dtype value", AT_INIT, REF_CHECK);
     fx_init(&f);
     f.cfg.device = (fmha_device)2;
     expect("cfg.device 2", &f, INVALID, "device (2) is not a fmha_device value", AT_INIT,
@@ -590,8 +588,8 @@ static void test_fp8_args(void)
     f.cfg.num_threads = 0;
     fmha_kernel_info info;
     TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK && strstr(info.name, "_f32"),
-             "f8 inputs run an f32 kernel (got %s)", fmha_last_error()[0] ? fmha_last_error()
-                                                                          : info.name);
+             "f8 inputs run an f32 kernel (got %s)",
+             fmha_last_error()[0] ? fmha_last_error() : info.name);
 
     fx_init_f8(&f, (fmha_descale_layout)7);
     expect("descale_layout 7", &f, INVALID, "descale_layout (7) is not a fmha_descale_layout value",
@@ -646,8 +644,8 @@ static void test_fp8_args(void)
     /* fp8_compute */
     fx_init(&f);
     f.cfg.fp8_compute = (fmha_fp8_compute)5;
-    expect("fp8_compute 5", &f, INVALID, "fp8_compute (5) is not a fmha_fp8_compute value",
-           AT_INIT, REF_CHECK);
+    expect("fp8_compute 5", &f, INVALID, "fp8_compute (5) is not a fmha_fp8_compute value", AT_INIT,
+           REF_CHECK);
     fx_init_f8(&f, FMHA_DESCALE_PER_TENSOR);
     f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
     expect("fp8_compute on f8", &f, INVALID,
@@ -680,9 +678,10 @@ static void test_fp8_args(void)
     f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_BLOCK;
     f.cfg.fp8_smooth_k = 1;
     f.cfg.softcap = 30;
-    expect("fp8_smooth_k with softcap", &f, INVALID,
-           "which the softmax ignores but softcap (30) does not: set softcap = 0 or fp8_smooth_k = 0",
-           AT_INIT, REF_CHECK);
+    expect(
+        "fp8_smooth_k with softcap", &f, INVALID,
+        "which the softmax ignores but softcap (30) does not: set softcap = 0 or fp8_smooth_k = 0",
+        AT_INIT, REF_CHECK);
 }
 
 /* -------------------------------------------------------------- cu_seqlens */
@@ -746,7 +745,8 @@ static void test_varlen(void)
         fx_init_varlen(&f);
         f.a.varlen_batch = vb[i];
         char phrase[64];
-        snprintf(phrase, sizeof phrase, "varlen_batch (%lld) must be in [1, 2^31 - 1)", (long long)vb[i]);
+        snprintf(phrase, sizeof phrase, "varlen_batch (%lld) must be in [1, 2^31 - 1)",
+                 (long long)vb[i]);
         expect("varlen_batch", &f, INVALID, phrase, AT_FORWARD, REF_CHECK);
     }
 
@@ -785,7 +785,8 @@ static void test_isa(void)
              "fmha_cpu_isa_detect returned %d", (int)best);
     /* AUTO: the best, but avx512-bf16 only where its kernel is the faster. */
     const fmha_cpu_isa autoisa = fmha_cpu_isa_auto();
-    TU_CHECK(autoisa == best || (best == FMHA_CPU_ISA_AVX512_BF16 && autoisa == FMHA_CPU_ISA_AVX512),
+    TU_CHECK(autoisa == best ||
+                 (best == FMHA_CPU_ISA_AVX512_BF16 && autoisa == FMHA_CPU_ISA_AVX512),
              "AUTO picks %s on a CPU with %s", fmha_cpu_isa_name(autoisa), fmha_cpu_isa_name(best));
 
     fx_init(&f);
@@ -897,10 +898,9 @@ static void test_names(void)
         {FMHA_DTYPE_F8_E4M3, "f8_e4m3", 1},
     };
     for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++)
-        TU_CHECK(!strcmp(fmha_dtype_name(dt[i].d), dt[i].name) &&
-                     fmha_dtype_size(dt[i].d) == dt[i].size,
-                 "dtype %d: %s %zu", (int)dt[i].d, fmha_dtype_name(dt[i].d),
-                 fmha_dtype_size(dt[i].d));
+        TU_CHECK(
+            !strcmp(fmha_dtype_name(dt[i].d), dt[i].name) && fmha_dtype_size(dt[i].d) == dt[i].size,
+            "dtype %d: %s %zu", (int)dt[i].d, fmha_dtype_name(dt[i].d), fmha_dtype_size(dt[i].d));
     TU_CHECK(fmha_dtype_size((fmha_dtype)17) == 0 && fmha_dtype_name((fmha_dtype)17) != NULL,
              "unknown dtype must have size 0 and a name");
 
@@ -937,16 +937,15 @@ static void test_defaults_and_views(void)
     TU_CHECK(t.data == &x && t.dtype == FMHA_DTYPE_F16 && t.batch == 2 && t.seqlen == 3 &&
                  t.heads == 4 && t.head_dim == 5,
              "bshd dims");
-    TU_CHECK(t.stride_batch == 60 && t.stride_seq == 20 && t.stride_head == 5 &&
-                 t.stride_dim == 1,
-             "bshd strides %lld %lld %lld %lld", (long long)t.stride_batch,
-             (long long)t.stride_seq, (long long)t.stride_head, (long long)t.stride_dim);
+    TU_CHECK(t.stride_batch == 60 && t.stride_seq == 20 && t.stride_head == 5 && t.stride_dim == 1,
+             "bshd strides %lld %lld %lld %lld", (long long)t.stride_batch, (long long)t.stride_seq,
+             (long long)t.stride_head, (long long)t.stride_dim);
     t = fmha_tensor_bhsd(&x, FMHA_DTYPE_BF16, 2, 3, 4, 5);
     TU_CHECK(t.batch == 2 && t.seqlen == 3 && t.heads == 4 && t.head_dim == 5 &&
                  t.stride_batch == 60 && t.stride_seq == 5 && t.stride_head == 15 &&
                  t.stride_dim == 1,
-             "bhsd strides %lld %lld %lld %lld", (long long)t.stride_batch,
-             (long long)t.stride_seq, (long long)t.stride_head, (long long)t.stride_dim);
+             "bhsd strides %lld %lld %lld %lld", (long long)t.stride_batch, (long long)t.stride_seq,
+             (long long)t.stride_head, (long long)t.stride_dim);
     t = fmha_tensor_packed(&x, FMHA_DTYPE_F32, 11, 4, 5);
     TU_CHECK(t.batch == 1 && t.seqlen == 11 && t.heads == 4 && t.head_dim == 5 &&
                  t.stride_seq == 20 && t.stride_head == 5 && t.stride_dim == 1 &&
@@ -956,7 +955,6 @@ static void test_defaults_and_views(void)
 }
 
 /* ------------------------------------------------------------ conversions */
-
 
 /* The f16 value of bits h, decoded independently of the library. */
 static double f16_value(uint16_t h)
@@ -1022,24 +1020,24 @@ static void test_conversions(void)
         uint16_t out;
     } hf[] = {
         {1.0f, 0x3C00},
-        {1.0f + 0x1p-11f, 0x3C00},      /* tie, even stays */
-        {1.0f + 3 * 0x1p-11f, 0x3C02},  /* tie, odd rounds up */
+        {1.0f + 0x1p-11f, 0x3C00},     /* tie, even stays */
+        {1.0f + 3 * 0x1p-11f, 0x3C02}, /* tie, odd rounds up */
         {1.0f + 0x1p-11f + 0x1p-20f, 0x3C01},
         {-2.0f, 0xC000},
-        {65504.0f, 0x7BFF},             /* largest finite */
+        {65504.0f, 0x7BFF}, /* largest finite */
         {65519.99f, 0x7BFF},
-        {65520.0f, 0x7C00},             /* tie above max: rounds to inf */
+        {65520.0f, 0x7C00}, /* tie above max: rounds to inf */
         {1e6f, 0x7C00},
         {-1e6f, 0xFC00},
         {INFINITY, 0x7C00},
         {-INFINITY, 0xFC00},
-        {0x1p-14f, 0x0400},             /* smallest normal */
-        {0x1p-24f, 0x0001},             /* smallest subnormal */
-        {0x1p-25f, 0x0000},             /* tie between 0 and 2^-24: even */
+        {0x1p-14f, 0x0400}, /* smallest normal */
+        {0x1p-24f, 0x0001}, /* smallest subnormal */
+        {0x1p-25f, 0x0000}, /* tie between 0 and 2^-24: even */
         {0x1p-25f + 0x1p-40f, 0x0001},
-        {3 * 0x1p-25f, 0x0002},         /* tie between 1 and 2 ulps: even */
-        {1023 * 0x1p-24f, 0x03FF},      /* largest subnormal */
-        {1023.5f * 0x1p-24f, 0x0400},   /* tie into the normals */
+        {3 * 0x1p-25f, 0x0002},       /* tie between 1 and 2 ulps: even */
+        {1023 * 0x1p-24f, 0x03FF},    /* largest subnormal */
+        {1023.5f * 0x1p-24f, 0x0400}, /* tie into the normals */
         {-0x1p-24f, 0x8001},
         {0x1p-26f, 0x0000},
         {-0.0f, 0x8000},
@@ -1121,13 +1119,11 @@ static void test_success(void)
                  !strcmp(fmha_last_error(), ""),
              "fmha_reference_forward success leaves message \"%s\"", fmha_last_error());
     fmha_forward(NULL, NULL);
-    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK &&
-                 !strcmp(fmha_last_error(), ""),
+    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK && !strcmp(fmha_last_error(), ""),
              "fmha_kernel_select success leaves message \"%s\"", fmha_last_error());
 
     /* The kernel the layer runs is the one the chooser names. */
-    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK, "select: %s",
-             fmha_last_error());
+    TU_CHECK(fmha_kernel_select(&f.cfg, &info) == FMHA_STATUS_OK, "select: %s", fmha_last_error());
     TU_CHECK(info.name != NULL && !strncmp(info.name, "cpu_", 4) &&
                  info.device == FMHA_DEVICE_CPU &&
                  info.cpu_isa == (fmha_cpu_isa_detect() == FMHA_CPU_ISA_AVX512_BF16
@@ -1219,10 +1215,14 @@ static void test_fp8_accum(void)
         const char *env;
         int64_t keys;
         int want;
-    } cases[] = {{NULL, FMHA_FP8_TWO_LEVEL_KEYS, 0}, {NULL, FMHA_FP8_TWO_LEVEL_KEYS + 1, 1},
-                 {"", 1, 0},                         {"auto", 75600, 1},
-                 {"AUTO", 4608, 0},                  {"two_level", 1, 1},
-                 {"single", 1 << 20, 0},             {"Single", 1 << 20, 0}};
+    } cases[] = {{NULL, FMHA_FP8_TWO_LEVEL_KEYS, 0},
+                 {NULL, FMHA_FP8_TWO_LEVEL_KEYS + 1, 1},
+                 {"", 1, 0},
+                 {"auto", 75600, 1},
+                 {"AUTO", 4608, 0},
+                 {"two_level", 1, 1},
+                 {"single", 1 << 20, 0},
+                 {"Single", 1 << 20, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].env)
             setenv("FMHA_FP8_ACCUM", cases[i].env, 1);
@@ -1233,14 +1233,15 @@ static void test_fp8_accum(void)
         const fmha_status st = fmha_knobs_read(NULL, &k);
         if (st == FMHA_STATUS_OK)
             two = fmha_fp8_two_level(k.fp8_accum, cases[i].keys);
-        TU_CHECK(st == FMHA_STATUS_OK && two == cases[i].want, "FMHA_FP8_ACCUM=%s, %lld keys: %d (%s)",
-                 cases[i].env ? cases[i].env : "(unset)", (long long)cases[i].keys, two,
-                 fmha_last_error());
+        TU_CHECK(st == FMHA_STATUS_OK && two == cases[i].want,
+                 "FMHA_FP8_ACCUM=%s, %lld keys: %d (%s)", cases[i].env ? cases[i].env : "(unset)",
+                 (long long)cases[i].keys, two, fmha_last_error());
     }
     setenv("FMHA_FP8_ACCUM", "double", 1);
     fmha_knobs k;
     TU_CHECK(fmha_knobs_read(NULL, &k) == FMHA_STATUS_INVALID_ARGUMENT &&
-                 strstr(fmha_last_error(), "FMHA_FP8_ACCUM=double is not one of auto, two_level, single"),
+                 strstr(fmha_last_error(),
+                        "FMHA_FP8_ACCUM=double is not one of auto, two_level, single"),
              "FMHA_FP8_ACCUM=double: %s", fmha_last_error());
     unsetenv("FMHA_FP8_ACCUM");
 }

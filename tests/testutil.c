@@ -49,7 +49,8 @@ void tu_tensor_init(tu_tensor *x, fmha_dtype dtype, int64_t b, int64_t s, int64_
     } else {
         t = fmha_tensor_bshd(NULL, dtype, b, s, h, d);
     }
-    int64_t extent = (b - 1) * t.stride_batch + (s - 1) * t.stride_seq + (h - 1) * t.stride_head + d;
+    int64_t extent =
+        (b - 1) * t.stride_batch + (s - 1) * t.stride_seq + (h - 1) * t.stride_head + d;
     x->alloc_bytes = (size_t)extent * es;
     x->alloc = malloc(x->alloc_bytes);
     memset(x->alloc, poison, x->alloc_bytes);
@@ -193,7 +194,8 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                     float p = expf(sc[j - lo] - m);
                     l += p;
                     if (pb.drop_threshold) {
-                        fmha_u32x4 w = fmha_dropout_words(a->seed, a->offset, b * pb.heads + h, i, j);
+                        fmha_u32x4 w =
+                            fmha_dropout_words(a->seed, a->offset, b * pb.heads + h, i, j);
                         if (w.v[j & 3] < pb.drop_threshold)
                             continue;
                         p *= (float)pb.drop_rescale;
@@ -213,7 +215,8 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                 for (int64_t c = 0; c < pb.dv; c++)
                     fmha_store_f32(orow, a->out.dtype, c, l > 0 ? acc[c] / l : 0.0f);
                 if (a->lse) {
-                    int64_t idx = pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
+                    int64_t idx =
+                        pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
                     a->lse[idx] = l > 0 ? m + logf(l) : -INFINITY;
                 }
             }

@@ -14,7 +14,7 @@ typedef struct tu_rng {
 } tu_rng;
 
 uint64_t tu_next(tu_rng *r);
-double tu_uniform(tu_rng *r);          /* [0, 1) */
+double tu_uniform(tu_rng *r); /* [0, 1) */
 double tu_normal(tu_rng *r);
 int64_t tu_range(tu_rng *r, int64_t n); /* [0, n) */
 
@@ -49,16 +49,16 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a);
 
 /* Counting. */
 extern int tu_passed, tu_failed;
-#define TU_CHECK(cond, ...)                                                                       \
-    do {                                                                                          \
-        if (cond) {                                                                               \
-            tu_passed++;                                                                          \
-        } else {                                                                                  \
-            tu_failed++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
-        }                                                                                         \
+#define TU_CHECK(cond, ...)                                      \
+    do {                                                         \
+        if (cond) {                                              \
+            tu_passed++;                                         \
+        } else {                                                 \
+            tu_failed++;                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fprintf(stderr, "\n");                               \
+        }                                                        \
     } while (0)
 int tu_summary(void); /* prints "N passed, M failed", returns the exit code */
 

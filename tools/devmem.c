@@ -41,14 +41,19 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
     const int64_t nlse = host->cu_seqlens_q ? host->q.heads * host->q.seqlen
                                             : host->q.batch * host->q.heads * host->q.seqlen;
     const int64_t ncu = host->cu_seqlens_q ? host->varlen_batch + 1 : 0;
-    const void *src[DEV_OWNED] = {host->q.data,   host->k.data,       host->v.data,
-                                  host->out.data, host->lse,          host->cu_seqlens_q,
-                                  host->cu_seqlens_k, host->descale_q, host->descale_k,
-                                  host->descale_v};
-    size_t bytes[DEV_OWNED] = {tensor_bytes(&host->q), tensor_bytes(&host->k), tensor_bytes(&host->v),
-                               tensor_bytes(&host->out), (size_t)nlse * 4, (size_t)ncu * 4,
-                               (size_t)ncu * 4, descale_bytes(host, &host->q),
-                               descale_bytes(host, &host->k), descale_bytes(host, &host->v)};
+    const void *src[DEV_OWNED] = {
+        host->q.data,       host->k.data,       host->v.data,    host->out.data,  host->lse,
+        host->cu_seqlens_q, host->cu_seqlens_k, host->descale_q, host->descale_k, host->descale_v};
+    size_t bytes[DEV_OWNED] = {tensor_bytes(&host->q),
+                               tensor_bytes(&host->k),
+                               tensor_bytes(&host->v),
+                               tensor_bytes(&host->out),
+                               (size_t)nlse * 4,
+                               (size_t)ncu * 4,
+                               (size_t)ncu * 4,
+                               descale_bytes(host, &host->q),
+                               descale_bytes(host, &host->k),
+                               descale_bytes(host, &host->v)};
     for (int i = 0; i < DEV_OWNED; i++) {
         if (!src[i])
             continue;
@@ -56,7 +61,8 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
         if (e == cudaSuccess)
             e = cudaMemcpy(d->owned[i], src[i], bytes[i], cudaMemcpyHostToDevice);
         if (e != cudaSuccess) {
-            snprintf(err, errlen, "copying %zu bytes to the GPU: %s", bytes[i], cudaGetErrorString(e));
+            snprintf(err, errlen, "copying %zu bytes to the GPU: %s", bytes[i],
+                     cudaGetErrorString(e));
             dev_args_free(d);
             return -1;
         }
@@ -85,8 +91,8 @@ int dev_args_download(const dev_args *d, const fmha_forward_args *host, char *er
 #ifdef FMHA_HAVE_CUDA
     const int64_t nlse = host->cu_seqlens_q ? host->q.heads * host->q.seqlen
                                             : host->q.batch * host->q.heads * host->q.seqlen;
-    cudaError_t e = cudaMemcpy(host->out.data, d->a.out.data, tensor_bytes(&host->out),
-                               cudaMemcpyDeviceToHost);
+    cudaError_t e =
+        cudaMemcpy(host->out.data, d->a.out.data, tensor_bytes(&host->out), cudaMemcpyDeviceToHost);
     if (e == cudaSuccess && host->lse)
         e = cudaMemcpy(host->lse, d->a.lse, (size_t)nlse * 4, cudaMemcpyDeviceToHost);
     if (e != cudaSuccess) {

@@ -9,7 +9,7 @@
 #define DEV_OWNED 10 /* q, k, v, out, lse, cu_seqlens_q/k, descale_q/k/v */
 
 typedef struct dev_args {
-    fmha_forward_args a; /* what the layer runs on */
+    fmha_forward_args a;    /* what the layer runs on */
     void *owned[DEV_OWNED]; /* device copies to free */
     fmha_device device;
 } dev_args;

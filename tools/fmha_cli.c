@@ -37,8 +37,8 @@ static const char usage_text[] =
     "      line gives none.\n"
     "      IN holds q, k, v [batch, seq, heads, head_dim] (F32/F16/BF16), or packed\n"
     "      [tokens, heads, head_dim] with cu_seqlens_q and cu_seqlens_k (I32). OUT gets out\n"
-    "      (dtype of q) and lse (F32). Without IN, runs a model preset (default " FMHA_DEFAULT_PRESET
-    ")\n"
+    "      (dtype of q) and lse (F32). Without IN, runs a model preset "
+    "(default " FMHA_DEFAULT_PRESET ")\n"
     "      on random data and checks sampled rows against the float64 reference; -o then\n"
     "      also saves q, k, v, so that `fmha run OUT --check` can run it again.\n"
     "      --dtype fp8 quantizes bf16 inputs (or IN's) to FP8 E4M3, one scale per tensor, and\n"
@@ -49,7 +49,8 @@ static const char usage_text[] =
     "  accuracy [--model PRESET | shape options as bench] [--causal] [--threads N] [--seed N]\n"
     "      relative L2 error of FP8 attention against the float64 reference and the bf16\n"
     "      path, on Gaussian inputs and on K with outlier channels (scaled or offset), for each\n"
-    "      kind of scales and with K's mean subtracted (fp8_smooth_k)  (no shape: [1, 2048, 8, 128])\n"
+    "      kind of scales and with K's mean subtracted (fp8_smooth_k)  (no shape: [1, 2048, 8, "
+    "128])\n"
     "  check CONFIG.json   attention shape of a Hugging Face / diffusers config\n"
     "  info                version, backends, CPU features, GPUs\n"
     "\n"
@@ -81,21 +82,25 @@ typedef struct options {
 
 /* The run options a written file records in its metadata (meta_options). */
 enum {
-    OPTION_CAUSAL = 1u << 0, OPTION_WINDOW_LEFT = 1u << 1, OPTION_WINDOW_RIGHT = 1u << 2,
-    OPTION_SCALE = 1u << 3, OPTION_SOFTCAP = 1u << 4, OPTION_DROPOUT = 1u << 5,
+    OPTION_CAUSAL = 1u << 0,
+    OPTION_WINDOW_LEFT = 1u << 1,
+    OPTION_WINDOW_RIGHT = 1u << 2,
+    OPTION_SCALE = 1u << 3,
+    OPTION_SOFTCAP = 1u << 4,
+    OPTION_DROPOUT = 1u << 5,
     OPTION_SEED = 1u << 6
 };
 
 /* Ranges of the integer flags. Sizes stay within int32 (cu_seqlens are I32,
  * and a bigger one could not be allocated anyway); products of sizes are
  * checked where buffers are sized (elems). */
-#define CLI_MAX_SEQLEN 2147483647LL
-#define CLI_MAX_BATCH 2147483647LL
-#define CLI_MAX_HEADS 65536LL
+#define CLI_MAX_SEQLEN   2147483647LL
+#define CLI_MAX_BATCH    2147483647LL
+#define CLI_MAX_HEADS    65536LL
 #define CLI_MAX_HEAD_DIM 65536LL
-#define CLI_MAX_WINDOW 2147483647LL
-#define CLI_MAX_THREADS 4096LL
-#define CLI_MAX_ITERS 1000000LL
+#define CLI_MAX_WINDOW   2147483647LL
+#define CLI_MAX_THREADS  4096LL
+#define CLI_MAX_ITERS    1000000LL
 
 /* A decimal integer in [min, max]; otherwise a message naming the flag, the
  * value and the range. */
@@ -125,8 +130,8 @@ static int parse_u64(const char *s, const char *name, uint64_t *out)
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (!*s || *end || *s == '-' || *s == '+') {
-        fprintf(stderr, "fmha: %s '%s' is not an unsigned integer (allowed: 0 to %llu)\n", name,
-                s, (unsigned long long)UINT64_MAX);
+        fprintf(stderr, "fmha: %s '%s' is not an unsigned integer (allowed: 0 to %llu)\n", name, s,
+                (unsigned long long)UINT64_MAX);
         return -1;
     }
     if (errno == ERANGE) {
@@ -152,9 +157,14 @@ static int parse_double(const char *s, const char *name, double *out)
 
 static int parse_dtype(const char *s, fmha_dtype *out)
 {
-    static const struct { const char *name; fmha_dtype dt; } names[] = {
-        {"f32", FMHA_DTYPE_F32}, {"f16", FMHA_DTYPE_F16}, {"bf16", FMHA_DTYPE_BF16},
-        {"fp8", FMHA_DTYPE_F8_E4M3}, {"f8_e4m3", FMHA_DTYPE_F8_E4M3}};
+    static const struct {
+        const char *name;
+        fmha_dtype dt;
+    } names[] = {{"f32", FMHA_DTYPE_F32},
+                 {"f16", FMHA_DTYPE_F16},
+                 {"bf16", FMHA_DTYPE_BF16},
+                 {"fp8", FMHA_DTYPE_F8_E4M3},
+                 {"f8_e4m3", FMHA_DTYPE_F8_E4M3}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(s, names[i].name)) {
             *out = names[i].dt;
@@ -165,30 +175,57 @@ static int parse_dtype(const char *s, fmha_dtype *out)
 }
 
 enum {
-    OPT_MODEL = 256, OPT_SEQLEN, OPT_SEQLEN_K, OPT_BATCH, OPT_HEADS, OPT_KV_HEADS, OPT_HEAD_DIM,
-    OPT_DTYPE, OPT_CAUSAL, OPT_WL, OPT_WR, OPT_SCALE, OPT_SOFTCAP, OPT_DROPOUT, OPT_SEED,
-    OPT_DEVICE, OPT_THREADS, OPT_CHECK, OPT_JSON, OPT_ITERS, OPT_NO_CAUSAL, OPT_CHECK_FINITE
+    OPT_MODEL = 256,
+    OPT_SEQLEN,
+    OPT_SEQLEN_K,
+    OPT_BATCH,
+    OPT_HEADS,
+    OPT_KV_HEADS,
+    OPT_HEAD_DIM,
+    OPT_DTYPE,
+    OPT_CAUSAL,
+    OPT_WL,
+    OPT_WR,
+    OPT_SCALE,
+    OPT_SOFTCAP,
+    OPT_DROPOUT,
+    OPT_SEED,
+    OPT_DEVICE,
+    OPT_THREADS,
+    OPT_CHECK,
+    OPT_JSON,
+    OPT_ITERS,
+    OPT_NO_CAUSAL,
+    OPT_CHECK_FINITE
 };
 
 static int parse_options(int argc, char **argv, options *o)
 {
-    static const struct option longopts[] = {
-        {"output", required_argument, 0, 'o'},      {"model", required_argument, 0, OPT_MODEL},
-        {"seqlen", required_argument, 0, OPT_SEQLEN}, {"seqlen-k", required_argument, 0, OPT_SEQLEN_K},
-        {"batch", required_argument, 0, OPT_BATCH}, {"heads", required_argument, 0, OPT_HEADS},
-        {"kv-heads", required_argument, 0, OPT_KV_HEADS},
-        {"head-dim", required_argument, 0, OPT_HEAD_DIM},
-        {"dtype", required_argument, 0, OPT_DTYPE}, {"causal", no_argument, 0, OPT_CAUSAL},
-        {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
-        {"check-finite", no_argument, 0, OPT_CHECK_FINITE},
-        {"window-left", required_argument, 0, OPT_WL},
-        {"window-right", required_argument, 0, OPT_WR},
-        {"scale", required_argument, 0, OPT_SCALE}, {"softcap", required_argument, 0, OPT_SOFTCAP},
-        {"dropout", required_argument, 0, OPT_DROPOUT}, {"seed", required_argument, 0, OPT_SEED},
-        {"device", required_argument, 0, OPT_DEVICE},
-        {"threads", required_argument, 0, OPT_THREADS}, {"check", no_argument, 0, OPT_CHECK},
-        {"json", no_argument, 0, OPT_JSON}, {"iters", required_argument, 0, OPT_ITERS},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"output", required_argument, 0, 'o'},
+                                             {"model", required_argument, 0, OPT_MODEL},
+                                             {"seqlen", required_argument, 0, OPT_SEQLEN},
+                                             {"seqlen-k", required_argument, 0, OPT_SEQLEN_K},
+                                             {"batch", required_argument, 0, OPT_BATCH},
+                                             {"heads", required_argument, 0, OPT_HEADS},
+                                             {"kv-heads", required_argument, 0, OPT_KV_HEADS},
+                                             {"head-dim", required_argument, 0, OPT_HEAD_DIM},
+                                             {"dtype", required_argument, 0, OPT_DTYPE},
+                                             {"causal", no_argument, 0, OPT_CAUSAL},
+                                             {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
+                                             {"check-finite", no_argument, 0, OPT_CHECK_FINITE},
+                                             {"window-left", required_argument, 0, OPT_WL},
+                                             {"window-right", required_argument, 0, OPT_WR},
+                                             {"scale", required_argument, 0, OPT_SCALE},
+                                             {"softcap", required_argument, 0, OPT_SOFTCAP},
+                                             {"dropout", required_argument, 0, OPT_DROPOUT},
+                                             {"seed", required_argument, 0, OPT_SEED},
+                                             {"device", required_argument, 0, OPT_DEVICE},
+                                             {"threads", required_argument, 0, OPT_THREADS},
+                                             {"check", no_argument, 0, OPT_CHECK},
+                                             {"json", no_argument, 0, OPT_JSON},
+                                             {"iters", required_argument, 0, OPT_ITERS},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->window_left = o->window_right = -1;
     o->dtype = FMHA_DTYPE_BF16;
@@ -229,8 +266,14 @@ static int parse_options(int argc, char **argv, options *o)
                 return -1;
             o->dtype_set = 1;
             break;
-        case OPT_CAUSAL: o->causal = 1; o->given |= OPTION_CAUSAL; break;
-        case OPT_NO_CAUSAL: o->causal = 0; o->given |= OPTION_CAUSAL; break;
+        case OPT_CAUSAL:
+            o->causal = 1;
+            o->given |= OPTION_CAUSAL;
+            break;
+        case OPT_NO_CAUSAL:
+            o->causal = 0;
+            o->given |= OPTION_CAUSAL;
+            break;
         case OPT_WL:
             o->given |= OPTION_WINDOW_LEFT;
             if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left))
@@ -313,8 +356,8 @@ static int shape_fits(const char *what, int64_t a, int64_t b, int64_t c, int64_t
 }
 
 /* q, k/v and out of a padded problem (lse is [b, h, sq], smaller than q). */
-static int problem_fits(int64_t batch, int64_t sq, int64_t sk, int64_t heads, int64_t kv,
-                        int64_t d, int64_t dv)
+static int problem_fits(int64_t batch, int64_t sq, int64_t sk, int64_t heads, int64_t kv, int64_t d,
+                        int64_t dv)
 {
     return shape_fits("q", batch, sq, heads, d) && shape_fits("k", batch, sk, kv, d) &&
            shape_fits("v", batch, sk, kv, dv) && shape_fits("out", batch, sq, heads, dv);
@@ -402,8 +445,9 @@ static fmha_status forward_with_progress(const fmha_config *cfg, const fmha_forw
             *dst[t] = *src[t];
             dst[t]->batch = 1;
             dst[t]->heads = (t == 1 || t == 2) ? 1 : group;
-            dst[t]->data = (char *)src[t]->data + (b * src[t]->stride_batch + h0 * src[t]->stride_head) *
-                                                      (int64_t)fmha_dtype_size(src[t]->dtype);
+            dst[t]->data =
+                (char *)src[t]->data + (b * src[t]->stride_batch + h0 * src[t]->stride_head) *
+                                           (int64_t)fmha_dtype_size(src[t]->dtype);
         }
         if (a->lse)
             s.lse = a->lse + (b * cfg->num_heads + g * group) * a->q.seqlen;
@@ -418,7 +462,6 @@ static fmha_status forward_with_progress(const fmha_config *cfg, const fmha_forw
 }
 
 /* ------------------------------------------------------------ comparisons */
-
 
 typedef struct errstats {
     double max_abs, ref_max, diff2, ref2;
@@ -539,9 +582,9 @@ static void *alloc_random(fmha_dtype dt, int64_t n)
 }
 
 /* Metadata keys of the run options, in OPTION_* bit order. */
-static const char *const META_KEYS[7] = {"fmha.causal",  "fmha.window_left", "fmha.window_right",
-                                         "fmha.softmax_scale", "fmha.softcap", "fmha.dropout_p",
-                                         "fmha.seed"};
+static const char *const META_KEYS[7] = {
+    "fmha.causal",  "fmha.window_left", "fmha.window_right", "fmha.softmax_scale",
+    "fmha.softcap", "fmha.dropout_p",   "fmha.seed"};
 
 /* Options a file records (write_outputs) that the command line did not
  * give. Prints which were taken; -1 with a message for a malformed value. */
@@ -574,8 +617,9 @@ static int meta_options(const st_file *f, const char *path, options *o)
                 *(i == 1 ? &o->window_left : &o->window_right) = n;
         }
         if (!ok) {
-            fprintf(stderr, "fmha: %s: metadata %s = '%s' is not a valid value; fix or remove "
-                            "it, or give the option on the command line\n",
+            fprintf(stderr,
+                    "fmha: %s: metadata %s = '%s' is not a valid value; fix or remove "
+                    "it, or give the option on the command line\n",
                     path, META_KEYS[i], v);
             return -1;
         }
@@ -629,10 +673,16 @@ static int write_outputs(const char *path, const fmha_tensor *out, int packed, c
     snprintf(vals[4], sizeof vals[4], "%.17g", cfg->softcap);
     snprintf(vals[5], sizeof vals[5], "%.17g", cfg->dropout_p);
     snprintf(vals[6], sizeof vals[6], "%llu", (unsigned long long)seed);
-    const char *meta[] = {"producer", "fmha " FMHA_VERSION_STRING, "kernel", kernel,
-                          META_KEYS[0], vals[0], META_KEYS[1], vals[1], META_KEYS[2], vals[2],
-                          META_KEYS[3], vals[3], META_KEYS[4], vals[4], META_KEYS[5], vals[5],
-                          META_KEYS[6], vals[6], NULL};
+    const char *meta[] = {"producer",   "fmha " FMHA_VERSION_STRING,
+                          "kernel",     kernel,
+                          META_KEYS[0], vals[0],
+                          META_KEYS[1], vals[1],
+                          META_KEYS[2], vals[2],
+                          META_KEYS[3], vals[3],
+                          META_KEYS[4], vals[4],
+                          META_KEYS[5], vals[5],
+                          META_KEYS[6], vals[6],
+                          NULL};
     char err[512];
     if (st_write(path, ts, n, meta, err, sizeof err) != ST_OK) {
         fprintf(stderr, "fmha: cannot write %s: %s\n", path, err);
@@ -714,8 +764,10 @@ static int run_file(const options *o)
     if (o->check || o->check_finite) {
         nonfinite = report_nonfinite(&a);
         if (o->check_finite && nonfinite) {
-            fprintf(stderr, "fmha: --check-finite: %s holds %lld non-finite input values; "
-                            "nothing was run\n", o->input, (long long)nonfinite);
+            fprintf(stderr,
+                    "fmha: --check-finite: %s holds %lld non-finite input values; "
+                    "nothing was run\n",
+                    o->input, (long long)nonfinite);
             goto done;
         }
         if (o->check_finite)
@@ -1093,7 +1145,7 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
     if (!iters) {
         dev_time_forward(layer, &dev, &one);
         const double n = one > 0 ? 2000.0 / one : 200; /* about two seconds */
-        iters = n < 5 ? 5 : n > 200 ? 200 : (int)n;      /* clamped before the conversion */
+        iters = n < 5 ? 5 : n > 200 ? 200 : (int)n;    /* clamped before the conversion */
     }
     double *times = malloc(sizeof(double) * (size_t)iters);
     if (!times) {
@@ -1149,12 +1201,11 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
         free(txt);
         cJSON_Delete(j);
     } else if (o->device == FMHA_DEVICE_CUDA) {
-        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, label, kinfo->name,
-               med * 1e3, gflops * 1e-3);
+        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, label, kinfo->name, med * 1e3,
+               gflops * 1e-3);
     } else {
-        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)\n", shape,
-               label, kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0,
-               peak_name, peak);
+        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)\n", shape, label,
+               kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0, peak_name, peak);
     }
     fflush(stdout);
     rc = 0;
@@ -1178,8 +1229,8 @@ static int shape_from_options(const options *o, bench_shape *s)
             fprintf(stderr, "fmha: unknown preset '%s' (see fmha --help)\n", o->model);
             return EXIT_USAGE;
         }
-        *s = (bench_shape){p->name, 1, p->seqlen_q, p->seqlen_k, p->heads, p->kv_heads,
-                           p->head_dim, p->causal || o->causal};
+        *s = (bench_shape){p->name,  1,           p->seqlen_q, p->seqlen_k,
+                           p->heads, p->kv_heads, p->head_dim, p->causal || o->causal};
         if (o->seqlen) {
             s->sk = s->sq == s->sk ? o->seqlen : s->sk;
             s->sq = o->seqlen;

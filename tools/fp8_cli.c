@@ -29,8 +29,9 @@ int fp8_args_make(fp8_args *f, const fmha_forward_args *src, int64_t num_kv_head
     const float **ds[3] = {&f->a.descale_q, &f->a.descale_k, &f->a.descale_v};
     const char *names[3] = {"q", "k", "v"};
     if (layout == FMHA_DESCALE_PER_KV_HEAD && src->cu_seqlens_q) {
-        snprintf(err, errlen, "per-(batch, kv head) descales of a packed batch need one "
-                              "quantization per sequence: use per-tensor or per-block ones");
+        snprintf(err, errlen,
+                 "per-(batch, kv head) descales of a packed batch need one "
+                 "quantization per sequence: use per-tensor or per-block ones");
         return -1;
     }
     for (int i = 0; i < 3; i++) {
@@ -41,8 +42,9 @@ int fp8_args_make(fp8_args *f, const fmha_forward_args *src, int64_t num_kv_head
             if (i == 0) {
                 const int64_t group = xv.heads / num_kv_heads;
                 if (xv.stride_head != xv.head_dim) {
-                    snprintf(err, errlen, "q's heads are not contiguous: per-(batch, kv head) "
-                                          "scales group them");
+                    snprintf(err, errlen,
+                             "q's heads are not contiguous: per-(batch, kv head) "
+                             "scales group them");
                     return -1;
                 }
                 xv.heads = num_kv_heads;
@@ -85,9 +87,9 @@ int fp8_args_make(fp8_args *f, const fmha_forward_args *src, int64_t num_kv_head
 
 double cli_elem(const fmha_tensor *t, int64_t b, int64_t s, int64_t h, int64_t c)
 {
-    const char *p = (const char *)t->data +
-                    (b * t->stride_batch + s * t->stride_seq + h * t->stride_head + c) *
-                        (int64_t)fmha_dtype_size(t->dtype);
+    const char *p =
+        (const char *)t->data + (b * t->stride_batch + s * t->stride_seq + h * t->stride_head + c) *
+                                    (int64_t)fmha_dtype_size(t->dtype);
     uint16_t u;
     switch (t->dtype) {
     case FMHA_DTYPE_F32: return *(const float *)p;
@@ -141,8 +143,8 @@ static void add_outliers(uint16_t *k, int64_t rows, int64_t d, int offset)
 /* The float64 reference on the last `rows` query rows of every sequence
  * (masks align bottom-right, so those rows see what they see in the whole
  * problem), into ref [batch, rows, heads, head_dim_v] f32. */
-static fmha_status reference_rows(const fmha_config *cfg, const fmha_forward_args *a,
-                                  int64_t rows, float *ref)
+static fmha_status reference_rows(const fmha_config *cfg, const fmha_forward_args *a, int64_t rows,
+                                  float *ref)
 {
     const fmha_tensor *q = &a->q;
     const int64_t per_b = rows * q->heads * cfg->head_dim_v;
@@ -152,12 +154,10 @@ static fmha_status reference_rows(const fmha_config *cfg, const fmha_forward_arg
         r.q.seqlen = rows;
         r.q.data = (char *)q->data + (b * q->stride_batch + (q->seqlen - rows) * q->stride_seq) *
                                          (int64_t)fmha_dtype_size(q->dtype);
-        r.k.data = (char *)a->k.data +
-                   b * a->k.stride_batch * (int64_t)fmha_dtype_size(a->k.dtype);
-        r.v.data = (char *)a->v.data +
-                   b * a->v.stride_batch * (int64_t)fmha_dtype_size(a->v.dtype);
-        r.out = fmha_tensor_bshd(ref + b * per_b, FMHA_DTYPE_F32, 1, rows, q->heads,
-                                 cfg->head_dim_v);
+        r.k.data = (char *)a->k.data + b * a->k.stride_batch * (int64_t)fmha_dtype_size(a->k.dtype);
+        r.v.data = (char *)a->v.data + b * a->v.stride_batch * (int64_t)fmha_dtype_size(a->v.dtype);
+        r.out =
+            fmha_tensor_bshd(ref + b * per_b, FMHA_DTYPE_F32, 1, rows, q->heads, cfg->head_dim_v);
         r.lse = NULL;
         fmha_status st = fmha_reference_forward(cfg, &r);
         if (st != FMHA_STATUS_OK)

@@ -68,8 +68,7 @@ static const cJSON *find_field(const cJSON *obj, const char *const *keys, const 
  * name into *key. Absent and null are ABSENT; anything else that is not a
  * positive integer is BAD with a message. */
 static int get_positive(const cJSON *obj, const char *const *keys, const char *name,
-                        const char *where, int64_t *out, const char **key, char *err,
-                        size_t errlen)
+                        const char *where, int64_t *out, const char **key, char *err, size_t errlen)
 {
     const cJSON *it = find_field(obj, keys, key);
     if (it == NULL)
@@ -104,8 +103,7 @@ static int get_positive(const cJSON *obj, const char *const *keys, const char *n
     return FIELD_OK;
 }
 
-static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char *err,
-                  size_t errlen)
+static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(root)) {
         set_err(err, errlen, "%s: config is JSON but not an object", name);
@@ -178,8 +176,7 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
             set_err(err, errlen,
                     "%s: %s%s (%lld) x %s (%lld) does not equal %s (%lld); if the model sets "
                     "head_dim on purpose (Qwen3 does), attention still runs with that head_dim",
-                    name,
-                    where, hd_key, (long long)hd, heads_key, (long long)heads, hidden_key,
+                    name, where, hd_key, (long long)hd, heads_key, (long long)heads, hidden_key,
                     (long long)hidden);
             return -1;
         }
@@ -212,8 +209,8 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
     return 0;
 }
 
-int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shape *out,
-                    char *err, size_t errlen)
+int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shape *out, char *err,
+                    size_t errlen)
 {
     if (name == NULL)
         name = "config";
@@ -232,8 +229,8 @@ int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shap
     /* ParseWithLengthOpts stops after the first value; trailing text other
      * than whitespace means the file is not one JSON document. */
     size_t pos = (size_t)(end - json);
-    while (pos < len && (json[pos] == ' ' || json[pos] == '\t' || json[pos] == '\n' ||
-                         json[pos] == '\r'))
+    while (pos < len &&
+           (json[pos] == ' ' || json[pos] == '\t' || json[pos] == '\n' || json[pos] == '\r'))
         pos++;
     int rc;
     if (pos < len) {

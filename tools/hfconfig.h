@@ -35,7 +35,7 @@ typedef struct hf_attn_shape {
     int64_t num_heads;    /* query heads */
     int64_t num_kv_heads; /* divides num_heads */
     int64_t head_dim;
-    int64_t hidden_size;  /* 0 if the config has none */
+    int64_t hidden_size; /* 0 if the config has none */
     /* Where the numbers came from, e.g. "text_config: num_heads=32 from
      * num_attention_heads, num_kv_heads=8 from num_key_value_heads, head_dim=128
      * from hidden_size/heads". */
@@ -48,8 +48,8 @@ int hf_config_read(const char *path, hf_attn_shape *out, char *err, size_t errle
 
 /* The same on JSON text in memory (`len` bytes, no NUL needed); `name`
  * labels error messages (e.g. the file name). */
-int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shape *out,
-                    char *err, size_t errlen);
+int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shape *out, char *err,
+                    size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@ __attribute__((target("avx512f"))) static double run_avx512_f32(void)
 {
 #define DECL(c) __m512 a##c = _mm512_set1_ps((float)c);
 #define STEP(c) a##c = _mm512_fmadd_ps(a##c, a, b);
-#define SUM(c) sum += _mm512_reduce_add_ps(a##c);
+#define SUM(c)  sum += _mm512_reduce_add_ps(a##c);
     const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
     UNROLL12(DECL)
     for (long i = 0; i < ITERS; i++) {
@@ -34,7 +34,7 @@ __attribute__((target("avx2,fma"))) static double run_avx2_f32(void)
 {
 #define DECL(c) __m256 a##c = _mm256_set1_ps((float)c);
 #define STEP(c) a##c = _mm256_fmadd_ps(a##c, a, b);
-#define SUM(c) sum += _mm256_cvtss_f32(a##c);
+#define SUM(c)  sum += _mm256_cvtss_f32(a##c);
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
     UNROLL12(DECL)
     for (long i = 0; i < ITERS; i++) {
@@ -52,7 +52,7 @@ __attribute__((target("avx512f,avx512bf16"))) static double run_avx512_bf16(void
 {
 #define DECL(c) __m512 a##c = _mm512_set1_ps((float)c);
 #define STEP(c) a##c = _mm512_dpbf16_ps(a##c, a, b);
-#define SUM(c) sum += _mm512_reduce_add_ps(a##c);
+#define SUM(c)  sum += _mm512_reduce_add_ps(a##c);
     const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
     UNROLL12(DECL)
     for (long i = 0; i < ITERS; i++) {

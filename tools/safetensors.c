@@ -152,8 +152,7 @@ static const char *shape_str(char *buf, size_t len, int ndim, const int64_t *sha
     size_t pos = 0;
     pos += (size_t)snprintf(buf, len, "[");
     for (int i = 0; i < ndim && pos < len; i++)
-        pos += (size_t)snprintf(buf + pos, len - pos, "%s%lld", i ? ", " : "",
-                                (long long)shape[i]);
+        pos += (size_t)snprintf(buf + pos, len - pos, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (pos < len)
         snprintf(buf + pos, len - pos, "]");
     return buf;
@@ -197,12 +196,16 @@ static size_t utf8_check(const unsigned char *s, size_t len)
             n = 2;
         } else if (c >= 0xE0 && c <= 0xEF) {
             n = 3;
-            if (c == 0xE0) lo = 0xA0;      /* overlong */
-            if (c == 0xED) hi = 0x9F;      /* surrogates */
+            if (c == 0xE0)
+                lo = 0xA0; /* overlong */
+            if (c == 0xED)
+                hi = 0x9F; /* surrogates */
         } else if (c >= 0xF0 && c <= 0xF4) {
             n = 4;
-            if (c == 0xF0) lo = 0x90;      /* overlong */
-            if (c == 0xF4) hi = 0x8F;      /* > U+10FFFF */
+            if (c == 0xF0)
+                lo = 0x90; /* overlong */
+            if (c == 0xF4)
+                hi = 0x8F; /* > U+10FFFF */
         } else {
             return i;
         }
@@ -260,8 +263,8 @@ static int json_int(const cJSON *item, int64_t *out)
 }
 
 /* Validates one tensor entry (everything that needs no other tensor). */
-static st_status parse_entry(const char *path, const cJSON *item, int64_t data_size,
-                             entry *e, char *err, size_t errlen)
+static st_status parse_entry(const char *path, const cJSON *item, int64_t data_size, entry *e,
+                             char *err, size_t errlen)
 {
     const char *name = item->string;
     e->name = name;
@@ -276,8 +279,8 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
         return ST_ERR_FORMAT;
     }
     if (!cJSON_IsString(dt) || st_dtype_from_name(dt->valuestring, &e->dtype) != 0) {
-        set_err(err, errlen, "%s: tensor \"%s\": unknown or unsupported dtype %s%s%s", path,
-                name, cJSON_IsString(dt) ? "\"" : "",
+        set_err(err, errlen, "%s: tensor \"%s\": unknown or unsupported dtype %s%s%s", path, name,
+                cJSON_IsString(dt) ? "\"" : "",
                 cJSON_IsString(dt) ? dt->valuestring : "(not a string)",
                 cJSON_IsString(dt) ? "\"" : "");
         return ST_ERR_FORMAT;
@@ -298,7 +301,8 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
     e->ndim = nd;
     int i = 0;
     const cJSON *dim;
-    cJSON_ArrayForEach(dim, sh) {
+    cJSON_ArrayForEach(dim, sh)
+    {
         if (json_int(dim, &e->shape[i]) != 0 || e->shape[i] < 0) {
             char *txt = cJSON_PrintUnformatted(dim);
             const double d = cJSON_IsNumber(dim) ? dim->valuedouble : 0.0;
@@ -327,8 +331,7 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
     int64_t bytes = numel_bytes(shape_numel(e->ndim, e->shape), DTYPES[e->dtype].size);
     if (bytes < 0) {
         set_err(err, errlen, "%s: tensor \"%s\": shape %s of %s overflows a 64-bit byte count",
-                path, name, shape_str(sbuf, sizeof sbuf, e->ndim, e->shape),
-                DTYPES[e->dtype].name);
+                path, name, shape_str(sbuf, sizeof sbuf, e->ndim, e->shape), DTYPES[e->dtype].name);
         return ST_ERR_FORMAT;
     }
 
@@ -353,9 +356,9 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
         set_err(err, errlen,
                 "%s: tensor \"%s\": data_offsets [%lld, %lld] hold %lld bytes but shape %s of %s "
                 "needs %lld",
-                path, name, (long long)e->begin, (long long)e->end,
-                (long long)(e->end - e->begin), shape_str(sbuf, sizeof sbuf, e->ndim, e->shape),
-                DTYPES[e->dtype].name, (long long)bytes);
+                path, name, (long long)e->begin, (long long)e->end, (long long)(e->end - e->begin),
+                shape_str(sbuf, sizeof sbuf, e->ndim, e->shape), DTYPES[e->dtype].name,
+                (long long)bytes);
         return ST_ERR_FORMAT;
     }
     if (e->end > data_size) {
@@ -372,8 +375,8 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
  * section. Fills ents (count entries) and returns the metadata object (or
  * NULL) through *meta. */
 static st_status check_header(const char *path, const cJSON *root, int64_t data_size,
-                              entry **ents_out, int *count_out, const cJSON **meta,
-                              char *err, size_t errlen)
+                              entry **ents_out, int *count_out, const cJSON **meta, char *err,
+                              size_t errlen)
 {
     *ents_out = NULL;
     *count_out = 0;
@@ -398,8 +401,8 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
         qsort(keys, (size_t)nkeys, sizeof *keys, cmp_str_ptr);
         for (k = 1; k < nkeys; k++) {
             if (strcmp(keys[k - 1], keys[k]) == 0) {
-                set_err(err, errlen, "%s: name \"%s\" appears more than once in the header",
-                        path, keys[k]);
+                set_err(err, errlen, "%s: name \"%s\" appears more than once in the header", path,
+                        keys[k]);
                 free(keys);
                 return ST_ERR_FORMAT;
             }
@@ -414,10 +417,11 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
             return ST_ERR_FORMAT;
         }
         const cJSON *kv;
-        cJSON_ArrayForEach(kv, md) {
+        cJSON_ArrayForEach(kv, md)
+        {
             if (!cJSON_IsString(kv)) {
-                set_err(err, errlen, "%s: \"__metadata__\" value of \"%s\" is not a string",
-                        path, kv->string);
+                set_err(err, errlen, "%s: \"__metadata__\" value of \"%s\" is not a string", path,
+                        kv->string);
                 return ST_ERR_FORMAT;
             }
         }
@@ -436,7 +440,8 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
     st_status st = ST_OK;
     int n = 0;
     const cJSON *item;
-    cJSON_ArrayForEach(item, root) {
+    cJSON_ArrayForEach(item, root)
+    {
         if (item == md)
             continue;
         st = parse_entry(path, item, data_size, &ents[n], err, errlen);
@@ -507,12 +512,12 @@ static st_status build_file(const entry *ents, int count, const cJSON *md, st_fi
         return ST_ERR_NOMEM;
 
     char *s = out->strings_;
-#define ST_COPY(dst, src)                     \
-    do {                                      \
-        size_t l_ = strlen(src) + 1;          \
-        memcpy(s, (src), l_);                 \
-        (dst) = s;                            \
-        s += l_;                              \
+#define ST_COPY(dst, src)            \
+    do {                             \
+        size_t l_ = strlen(src) + 1; \
+        memcpy(s, (src), l_);        \
+        (dst) = s;                   \
+        s += l_;                     \
     } while (0)
     for (int i = 0; i < count; i++) {
         st_tensor *t = &out->tensors[i];
@@ -524,7 +529,8 @@ static st_status build_file(const entry *ents, int count, const cJSON *md, st_fi
     }
     int k = 0;
     if (md) {
-        cJSON_ArrayForEach(kv, md) {
+        cJSON_ArrayForEach(kv, md)
+        {
             ST_COPY(out->meta_kv[k], kv->string);
             ST_COPY(out->meta_kv[k + 1], kv->valuestring);
             k += 2;
@@ -630,8 +636,8 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
         goto done;
     }
     if ((int64_t)hlen > fsize - 8) {
-        set_err(err, errlen, "%s: header length %llu runs past the end of the %lld-byte file",
-                path, (unsigned long long)hlen, (long long)fsize);
+        set_err(err, errlen, "%s: header length %llu runs past the end of the %lld-byte file", path,
+                (unsigned long long)hlen, (long long)fsize);
         st = ST_ERR_FORMAT;
         goto done;
     }
@@ -774,9 +780,8 @@ void st_free(st_file *f)
 
 /* ------------------------------------------------------------------ writer */
 
-static st_status check_write_args(const st_tensor *tensors, int count,
-                                  const char *const *meta_kv, int64_t *data_size, char *err,
-                                  size_t errlen)
+static st_status check_write_args(const st_tensor *tensors, int count, const char *const *meta_kv,
+                                  int64_t *data_size, char *err, size_t errlen)
 {
     if (count < 0 || (count > 0 && tensors == NULL)) {
         set_err(err, errlen, "st_write: %d tensors at %p", count, (const void *)tensors);
@@ -813,14 +818,14 @@ static st_status check_write_args(const st_tensor *tensors, int count,
         int64_t bytes = numel_bytes(shape_numel(t->ndim, t->shape), DTYPES[t->dtype].size);
         if (bytes < 0) {
             set_err(err, errlen,
-                    "st_write: tensor \"%s\": shape %s has a negative entry or overflows",
-                    t->name, shape_str(sbuf, sizeof sbuf, t->ndim, t->shape));
+                    "st_write: tensor \"%s\": shape %s has a negative entry or overflows", t->name,
+                    shape_str(sbuf, sizeof sbuf, t->ndim, t->shape));
             return ST_ERR_ARG;
         }
         if ((uint64_t)bytes != (uint64_t)t->nbytes) {
             set_err(err, errlen,
-                    "st_write: tensor \"%s\": nbytes is %zu but shape %s of %s needs %lld",
-                    t->name, t->nbytes, shape_str(sbuf, sizeof sbuf, t->ndim, t->shape),
+                    "st_write: tensor \"%s\": nbytes is %zu but shape %s of %s needs %lld", t->name,
+                    t->nbytes, shape_str(sbuf, sizeof sbuf, t->ndim, t->shape),
                     DTYPES[t->dtype].name, (long long)bytes);
             return ST_ERR_ARG;
         }
@@ -839,8 +844,7 @@ static st_status check_write_args(const st_tensor *tensors, int count,
     for (int i = 0; i < count; i++)
         for (int j = i + 1; j < count; j++)
             if (strcmp(tensors[i].name, tensors[j].name) == 0) {
-                set_err(err, errlen, "st_write: tensor name \"%s\" is used twice",
-                        tensors[i].name);
+                set_err(err, errlen, "st_write: tensor name \"%s\" is used twice", tensors[i].name);
                 return ST_ERR_ARG;
             }
     if (meta_kv != NULL) {
@@ -859,8 +863,7 @@ static st_status check_write_args(const st_tensor *tensors, int count,
             }
             for (int j = 0; j < i; j += 2)
                 if (strcmp(meta_kv[i], meta_kv[j]) == 0) {
-                    set_err(err, errlen, "st_write: metadata key \"%s\" is used twice",
-                            meta_kv[i]);
+                    set_err(err, errlen, "st_write: metadata key \"%s\" is used twice", meta_kv[i]);
                     return ST_ERR_ARG;
                 }
         }
@@ -907,8 +910,7 @@ static char *build_header(const st_tensor *tensors, int count, const char *const
             if (!add_int(shape, t->shape[d]))
                 goto done;
         cJSON *off = cJSON_AddArrayToObject(obj, "data_offsets");
-        if (off == NULL || !add_int(off, offset) ||
-            !add_int(off, offset + (int64_t)t->nbytes))
+        if (off == NULL || !add_int(off, offset) || !add_int(off, offset + (int64_t)t->nbytes))
             goto done;
         offset += (int64_t)t->nbytes;
     }
@@ -1068,8 +1070,7 @@ st_status st_write(const char *path, const st_tensor *tensors, int count,
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     }
     if (fd < 0) {
-        set_err(err, errlen, "%s: cannot create temporary file %s: %s", path, tmp,
-                strerror(errno));
+        set_err(err, errlen, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
         free(tmp);
         cJSON_free(json);
         return ST_ERR_IO;
@@ -1115,8 +1116,7 @@ st_status st_write(const char *path, const st_tensor *tensors, int count,
     return ST_OK;
 
 fail:
-    set_err(err, errlen, "%s: cannot %s temporary file %s: %s", path, what, tmp,
-            strerror(errno));
+    set_err(err, errlen, "%s: cannot %s temporary file %s: %s", path, what, tmp, strerror(errno));
     if (fp != NULL)
         fclose(fp);
     if (fd >= 0)

@@ -88,10 +88,10 @@ int st_dtype_from_fmha(fmha_dtype dtype, st_dtype *out);
 typedef struct st_tensor {
     const char *name;
     st_dtype dtype;
-    int ndim;                     /* 0..ST_MAX_DIMS; 0 is a scalar (one element) */
-    int64_t shape[ST_MAX_DIMS];   /* entries >= 0; entries past ndim are ignored */
-    void *data;                   /* row-major, tightly packed; may be NULL if nbytes == 0 */
-    size_t nbytes;                /* = product(shape) * st_dtype_size(dtype) */
+    int ndim;                   /* 0..ST_MAX_DIMS; 0 is a scalar (one element) */
+    int64_t shape[ST_MAX_DIMS]; /* entries >= 0; entries past ndim are ignored */
+    void *data;                 /* row-major, tightly packed; may be NULL if nbytes == 0 */
+    size_t nbytes;              /* = product(shape) * st_dtype_size(dtype) */
 } st_tensor;
 
 /* A contiguous tensor over caller memory, nbytes computed from the shape
@@ -103,15 +103,15 @@ st_tensor st_tensor_make(const char *name, st_dtype dtype, int ndim, const int64
 /* A file loaded into memory. Every pointer in it is owned by the st_file and
  * valid until st_free. */
 typedef struct st_file {
-    st_tensor *tensors;  /* in header order */
+    st_tensor *tensors; /* in header order */
     int count;
     /* "__metadata__" as key0, value0, key1, value1, ..., NULL (never NULL
      * itself after a successful read, so it can go straight to st_write). */
     const char **meta_kv;
-    int meta_count;      /* number of key/value pairs */
-    void *data_;         /* private: the data section */
-    void *aligned_;      /* private: copies of tensors stored misaligned */
-    char *strings_;      /* private: names, keys and values */
+    int meta_count; /* number of key/value pairs */
+    void *data_;    /* private: the data section */
+    void *aligned_; /* private: copies of tensors stored misaligned */
+    char *strings_; /* private: names, keys and values */
 } st_file;
 
 /* Reads and validates the whole file. On success fills *out (free it with
@@ -125,7 +125,7 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen);
 
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL if absent */
 const char *st_meta_get(const st_file *f, const char *key);   /* NULL if absent */
-void st_free(st_file *f); /* zeroes *f; NULL-safe */
+void st_free(st_file *f);                                     /* zeroes *f; NULL-safe */
 
 /* Writes `count` tensors, contiguous and in the given order, with the
  * metadata `meta_kv` (key, value, ..., NULL; or NULL for none). Names must be

@@ -35,13 +35,13 @@ static size_t align64(size_t x)
 
 /* One thread's scratch: the tiles of the task it runs (layouts in cpu.h). */
 typedef struct task_scratch {
-    void *qt;      /* Q^T of the task, pack_q's */
-    void *kbuf;    /* a key block, load_k's [BC][dp]; pack_q's tmp before the first */
-    void *vbuf;    /* a value block, load_v's */
-    float *st;     /* scores, then probabilities, then pack_p's P: [BC][BR] */
-    float *o;      /* output accumulator: [BR][dvp] */
-    float *m, *l, *alpha; /* [BR] each */
-    int64_t *lo, *hi;     /* [BR] each: the keys each row sees */
+    void *qt;                    /* Q^T of the task, pack_q's */
+    void *kbuf;                  /* a key block, load_k's [BC][dp]; pack_q's tmp before the first */
+    void *vbuf;                  /* a value block, load_v's */
+    float *st;                   /* scores, then probabilities, then pack_p's P: [BC][BR] */
+    float *o;                    /* output accumulator: [BR][dvp] */
+    float *m, *l, *alpha;        /* [BR] each */
+    int64_t *lo, *hi;            /* [BR] each: the keys each row sees */
     int64_t *row_pos, *row_head; /* [BR] each: query position and head of each row */
 } task_scratch;
 
@@ -207,9 +207,9 @@ static void dropout(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj
     for (int i = ia; i < ib; i++) {
         for (int j = 0; j < nj; j++) {
             const int64_t col = j0 + j;
-            fmha_u32x4 w = fmha_dropout_words(pb->args->seed, pb->args->offset,
-                                              tk->b * pb->heads + s->row_head[i], s->row_pos[i],
-                                              col);
+            fmha_u32x4 w =
+                fmha_dropout_words(pb->args->seed, pb->args->offset,
+                                   tk->b * pb->heads + s->row_head[i], s->row_pos[i], col);
             float *p = &s->st[j * BR + i];
             *p = w.v[col & 3] >= pb->drop_threshold ? *p * keep_scale : 0.0f;
         }
@@ -297,11 +297,11 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
 #endif
     if (nthreads > ntasks)
         nthreads = ntasks > 0 ? (int)ntasks : 1;
-    fmha_status st = (size_t)nthreads > SIZE_MAX / per_thread
-                         ? fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
-                                          "CPU workspace of %d x %zu bytes overflows", nthreads,
-                                          per_thread)
-                         : workspace_reserve(ws, per_thread * (size_t)nthreads);
+    fmha_status st =
+        (size_t)nthreads > SIZE_MAX / per_thread
+            ? fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "CPU workspace of %d x %zu bytes overflows",
+                             nthreads, per_thread)
+            : workspace_reserve(ws, per_thread * (size_t)nthreads);
     if (st != FMHA_STATUS_OK) {
         free(tile_start);
         return st;
@@ -316,8 +316,8 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         arena slice = {(char *)ws->buf + per_thread * (size_t)tid, 0};
         task_scratch s;
         scratch_take(&slice, ops, dp, dvp, &s);
-        fmha_cpu_task tk = {.pb = pb, .dp = dp, .dvp = dvp, .row_pos = s.row_pos,
-                            .row_head = s.row_head};
+        fmha_cpu_task tk = {
+            .pb = pb, .dp = dp, .dvp = dvp, .row_pos = s.row_pos, .row_head = s.row_head};
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {

@@ -22,30 +22,31 @@ static inline __m256 exp2_avx2(__m256 x)
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(live, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-#define V __m256
-#define VL 8
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VSET1 _mm256_set1_ps
-#define VZERO _mm256_setzero_ps
-#define VFMA _mm256_fmadd_ps
-#define VMUL _mm256_mul_ps
-#define VADD _mm256_add_ps
-#define VSUB _mm256_sub_ps
-#define VMAX _mm256_max_ps
-#define VDIV _mm256_div_ps
-#define VEXP2 exp2_avx2
-#define VIS_NEG_INF(x) _mm256_cmp_ps((x), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ)
-#define VIS_NEGATIVE(x) _mm256_cmp_ps((x), _mm256_setzero_ps(), _CMP_LT_OQ)
+#define V                   __m256
+#define VL                  8
+#define VLOAD               _mm256_loadu_ps
+#define VSTORE              _mm256_storeu_ps
+#define VSET1               _mm256_set1_ps
+#define VZERO               _mm256_setzero_ps
+#define VFMA                _mm256_fmadd_ps
+#define VMUL                _mm256_mul_ps
+#define VADD                _mm256_add_ps
+#define VSUB                _mm256_sub_ps
+#define VMAX                _mm256_max_ps
+#define VDIV                _mm256_div_ps
+#define VEXP2               exp2_avx2
+#define VIS_NEG_INF(x)      _mm256_cmp_ps((x), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ)
+#define VIS_NEGATIVE(x)     _mm256_cmp_ps((x), _mm256_setzero_ps(), _CMP_LT_OQ)
 #define VSELECT(mask, t, f) _mm256_blendv_ps((f), (t), (mask))
-#define QK_MR 6 /* 12 accumulators + 2 query vectors + 1 broadcast of 16 registers */
-#define QK_NV 2
-#define PV_MR 6
-#define PV_NV 2
+#define QK_MR               6 /* 12 accumulators + 2 query vectors + 1 broadcast of 16 registers */
+#define QK_NV               2
+#define PV_MR               6
+#define PV_NV               2
 #include "cpu_ops_f32.h"
 
 /* e4m3 codes (in 32-bit lanes) as f32 times descale, as e4m3_avx512 in
@@ -78,9 +79,7 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
         for (; i < n; i++)
             dst[i] = fmha_e4m3_to_f32(((const uint8_t *)src)[i]) * descale;
         return;
-    case FMHA_DTYPE_F32:
-        memcpy(dst, src, (size_t)n * 4);
-        return;
+    case FMHA_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
     case FMHA_DTYPE_BF16:
         for (; i + 8 <= n; i += 8) {
             __m128i h = _mm_loadu_si128((const __m128i *)(s16 + i));
@@ -92,8 +91,7 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
         for (; i + 8 <= n; i += 8)
             _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s16 + i))));
         break;
-    default:
-        return;
+    default: return;
     }
     for (; i < n; i++)
         dst[i] = fmha_load_f32(src, dtype, i);

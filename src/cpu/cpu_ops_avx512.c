@@ -28,26 +28,26 @@ static inline __m512 exp2_avx512(__m512 x)
     return _mm512_maskz_scalef_ps(live, p, n);
 }
 
-#define V __m512
-#define VL 16
-#define VLOAD _mm512_loadu_ps
-#define VSTORE _mm512_storeu_ps
-#define VSET1 _mm512_set1_ps
-#define VZERO _mm512_setzero_ps
-#define VFMA _mm512_fmadd_ps
-#define VMUL _mm512_mul_ps
-#define VADD _mm512_add_ps
-#define VSUB _mm512_sub_ps
-#define VMAX _mm512_max_ps
-#define VDIV _mm512_div_ps
-#define VEXP2 exp2_avx512
-#define VIS_NEG_INF(x) _mm512_cmp_ps_mask((x), _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)
-#define VIS_NEGATIVE(x) _mm512_cmp_ps_mask((x), _mm512_setzero_ps(), _CMP_LT_OQ)
+#define V                   __m512
+#define VL                  16
+#define VLOAD               _mm512_loadu_ps
+#define VSTORE              _mm512_storeu_ps
+#define VSET1               _mm512_set1_ps
+#define VZERO               _mm512_setzero_ps
+#define VFMA                _mm512_fmadd_ps
+#define VMUL                _mm512_mul_ps
+#define VADD                _mm512_add_ps
+#define VSUB                _mm512_sub_ps
+#define VMAX                _mm512_max_ps
+#define VDIV                _mm512_div_ps
+#define VEXP2               exp2_avx512
+#define VIS_NEG_INF(x)      _mm512_cmp_ps_mask((x), _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)
+#define VIS_NEGATIVE(x)     _mm512_cmp_ps_mask((x), _mm512_setzero_ps(), _CMP_LT_OQ)
 #define VSELECT(mask, t, f) _mm512_mask_blend_ps((mask), (f), (t))
-#define QK_MR 6 /* 24 accumulators + 4 query vectors + 1 broadcast of 32 registers */
-#define QK_NV 4
-#define PV_MR 6
-#define PV_NV 4
+#define QK_MR               6 /* 24 accumulators + 4 query vectors + 1 broadcast of 32 registers */
+#define QK_NV               4
+#define PV_MR               6
+#define PV_NV               4
 #include "cpu_ops_f32.h"
 
 /* e4m3 codes (in 32-bit lanes) as f32 times descale: E > 0 by moving the
@@ -62,7 +62,8 @@ static inline __m512 e4m3_avx512(__m512i x, __m512 descale)
     const __m512 normal = _mm512_castsi512_ps(
         _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
     const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(0x1p-9f));
-    __m512 f = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
+    __m512 f =
+        _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, sub);
     f = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(f), sign));
     f = _mm512_mul_ps(f, descale);
     return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
@@ -81,9 +82,7 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
                                   e4m3_avx512(_mm512_cvtepu8_epi32(b), _mm512_set1_ps(descale)));
         }
         return;
-    case FMHA_DTYPE_F32:
-        memcpy(dst, src, (size_t)n * 4);
-        return;
+    case FMHA_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
     case FMHA_DTYPE_BF16:
         for (; i < n; i += 16) {
             __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
@@ -99,8 +98,7 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
             _mm512_mask_storeu_ps(dst + i, mk, _mm512_cvtph_ps(h));
         }
         return;
-    default:
-        return;
+    default: return;
     }
 }
 
@@ -131,8 +129,7 @@ static inline __m512i bcast_pair(const uint16_t *p)
     return _mm512_set1_epi32(w);
 }
 
-__attribute__((target("avx512bf16"))) static inline __m512
-dp(__m512 acc, __m512i a, __m512i b)
+__attribute__((target("avx512bf16"))) static inline __m512 dp(__m512 acc, __m512i a, __m512i b)
 {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
@@ -173,9 +170,8 @@ qk_bf16_columns(const uint16_t *k, int64_t ks, int nj, const uint16_t *qt, int64
         qk_bf16_tile(k, ks, qt, d, st, j, x0, 1, nv);
 }
 
-__attribute__((target("avx512bf16"))) static void qk_bf16(const void *kv, int64_t ks, int nj,
-                                                          int nq, const void *qtv, int64_t d,
-                                                          float *st)
+__attribute__((target("avx512bf16"))) static void
+qk_bf16(const void *kv, int64_t ks, int nj, int nq, const void *qtv, int64_t d, float *st)
 {
     const uint16_t *k = kv, *qt = qtv;
     const int nvq = nq / 16;
@@ -223,9 +219,8 @@ pv_bf16_columns(const uint16_t *p2, int njp, int nq, const uint16_t *v2, int64_t
         pv_bf16_tile(p2, njp, v2, dvp, alpha, o, i, c0, 1, nv);
 }
 
-__attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int nj, int nq,
-                                                          const void *vv, int64_t dvp,
-                                                          const float *alpha, float *o)
+__attribute__((target("avx512bf16"))) static void
+pv_bf16(const void *pv_, int nj, int nq, const void *vv, int64_t dvp, const float *alpha, float *o)
 {
     const uint16_t *p2 = pv_, *v2 = vv;
     const int njp = (nj + 1) / 2;
@@ -240,17 +235,16 @@ __attribute__((target("avx512bf16"))) static void pv_bf16(const void *pv_, int n
  * k of b become elements 2k and 2k+1. */
 static inline __m512i interleave_lo(__m512i a, __m512i b)
 {
-    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
-                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
-                                         32, 0);
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                         8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     return _mm512_permutex2var_epi16(a, idx, b);
 }
 
 static inline __m512i interleave_hi(__m512i a, __m512i b)
 {
-    const __m512i idx = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25,
-                                         56, 24, 55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18,
-                                         49, 17, 48, 16);
+    const __m512i idx =
+        _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24, 55, 23, 54,
+                         22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
     return _mm512_permutex2var_epi16(a, idx, b);
 }
 
@@ -262,8 +256,8 @@ __attribute__((target("avx512bf16"))) static void pack_p_bf16(float *st, int nj,
     for (int j = 0; j < nj; j += 2) {
         for (int x = 0; x < nq / 16; x++) {
             __m512 a = _mm512_loadu_ps(st + j * BR + x * 16);
-            __m512 b = j + 1 < nj ? _mm512_loadu_ps(st + (j + 1) * BR + x * 16)
-                                  : _mm512_setzero_ps();
+            __m512 b =
+                j + 1 < nj ? _mm512_loadu_ps(st + (j + 1) * BR + x * 16) : _mm512_setzero_ps();
             /* low half a, high half b, then a/b interleaved */
             __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a);
             _mm512_storeu_si512(p2 + ((j / 2) * BR + x * 16) * 2,

@@ -29,8 +29,8 @@ static cpu_features detect(void)
     if (!osxsave)
         return f;
     uint64_t xcr0 = xgetbv0();
-    int ymm_ok = (xcr0 & 0x6) == 0x6;     /* SSE and AVX state */
-    int zmm_ok = (xcr0 & 0xe6) == 0xe6;   /* plus opmask and both ZMM halves */
+    int ymm_ok = (xcr0 & 0x6) == 0x6;   /* SSE and AVX state */
+    int zmm_ok = (xcr0 & 0xe6) == 0xe6; /* plus opmask and both ZMM halves */
     if (__get_cpuid_max(0, NULL) < 7)
         return f;
     __cpuid_count(7, 0, a, b, c, d);

@@ -33,13 +33,14 @@ fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_tensor *y, f
  * atomics); `partial` is device scratch of fmha_cuda_smooth_k_scratch(k)
  * bytes. */
 size_t fmha_cuda_smooth_k_scratch(const fmha_tensor *k);
-fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *partial, void *stream);
+fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *partial,
+                               void *stream);
 
 /* After the attention on the smoothed K: the LSE of the unsmoothed scores,
  * lse[b][h][s] += scale * (q[b][s][h] . mean[b][h / group]), mean being
  * fmha_cuda_smooth_k's [batch][kv_heads][head_dim]. */
-fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float *mean, int64_t kv_heads,
-                                   int64_t group, double scale, void *stream);
+fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float *mean,
+                                   int64_t kv_heads, int64_t group, double scale, void *stream);
 
 #ifdef __cplusplus
 }

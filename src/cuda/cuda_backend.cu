@@ -12,11 +12,11 @@
 
 using namespace fmha_cuda;
 
-namespace {
-const char *const layer_fix =
-    ", but the layer runs on CUDA: pass device memory (cudaMalloc) or build the layer with device cpu";
+namespace
+{
+const char *const layer_fix = ", but the layer runs on CUDA: pass device memory (cudaMalloc) or "
+                              "build the layer with device cpu";
 } // namespace
-
 
 extern "C" int fmha_cuda_device_count(void)
 {
@@ -100,10 +100,16 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
     const struct {
         const void *ptr;
         const char *name;
-    } ptrs[] = {{a->q.data, "q"},          {a->k.data, "k"},           {a->v.data, "v"},
-                {a->out.data, "out"},      {a->lse, "lse"},            {a->cu_seqlens_q, "cu_seqlens_q"},
-                {a->cu_seqlens_k, "cu_seqlens_k"}, {a->descale_q, "descale_q"},
-                {a->descale_k, "descale_k"}, {a->descale_v, "descale_v"}};
+    } ptrs[] = {{a->q.data, "q"},
+                {a->k.data, "k"},
+                {a->v.data, "v"},
+                {a->out.data, "out"},
+                {a->lse, "lse"},
+                {a->cu_seqlens_q, "cu_seqlens_q"},
+                {a->cu_seqlens_k, "cu_seqlens_k"},
+                {a->descale_q, "descale_q"},
+                {a->descale_k, "descale_k"},
+                {a->descale_v, "descale_v"}};
     for (const auto &p : ptrs) {
         if (!p.ptr)
             continue;

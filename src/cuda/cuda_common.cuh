@@ -18,7 +18,8 @@
 /* The FP8 kernel's: its rows are 128-byte chunks of 128 columns. */
 #define FMHA_CUDA_FP8_HEAD_DIMS(X) X(64) X(128) X(256)
 
-namespace fmha_cuda {
+namespace fmha_cuda
+{
 
 struct flash_params {
     const void *q, *k, *v;
@@ -30,7 +31,7 @@ struct flash_params {
     int heads, group;
     int64_t sq, sk, total_q;
     int d, dv;
-    float scale_log2; /* multiplies raw scores into the log2 domain */
+    float scale_log2;              /* multiplies raw scores into the log2 domain */
     float softcap_in, softcap_out; /* softcap: tanh(s * in) * out; 0 = off */
     int causal;
     int64_t window_left, window_right;
@@ -47,8 +48,12 @@ struct flash_params {
 };
 
 template <bool BF16> struct elem;
-template <> struct elem<true> { typedef __nv_bfloat16 T; };
-template <> struct elem<false> { typedef __half T; };
+template <> struct elem<true> {
+    typedef __nv_bfloat16 T;
+};
+template <> struct elem<false> {
+    typedef __half T;
+};
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b)
 {
@@ -111,7 +116,7 @@ struct block_span {
  * never straddles two dropout draws of four keys, and the FP8 kernel's V^T
  * permutation (16-key groups) lines up with the tile. */
 __device__ __forceinline__ bool block_span_at(block_span &s, const flash_params &p, int BM, int BN,
-                                           int64_t mblock, int h, int b)
+                                              int64_t mblock, int h, int b)
 {
     s.m0 = mblock * BM;
     s.h = h;
@@ -139,9 +144,11 @@ __device__ __forceinline__ bool block_span_at(block_span &s, const flash_params 
     return true;
 }
 
-__device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM, int BN)
+__device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM,
+                                                int BN)
 {
-    return block_span_at(s, p, BM, BN, (int64_t)(gridDim.x - 1 - blockIdx.x), blockIdx.y, blockIdx.z);
+    return block_span_at(s, p, BM, BN, (int64_t)(gridDim.x - 1 - blockIdx.x), blockIdx.y,
+                         blockIdx.z);
 }
 
 /* Every row of the block sees every key of [n0, n0 + BN): no mask needed. */

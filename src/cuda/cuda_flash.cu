@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-namespace {
+namespace
+{
 using namespace fmha_cuda;
 
 /* Tile shape per head dim; each warp owns MT m16 tiles of queries, so every
@@ -39,7 +40,8 @@ template <int D> struct tile {
     static constexpr int BM = 16 * MT * WARPS;
     static constexpr int BN = D <= 128 ? FMHA_CUDA_BN : 64;
     static constexpr int THREADS = WARPS * 32;
-    static constexpr int DS = D + 8; /* row stride: +16 bytes keeps ldmatrix free of bank conflicts */
+    static constexpr int DS =
+        D + 8; /* row stride: +16 bytes keeps ldmatrix free of bank conflicts */
     static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * DS * 2;
 };
 
@@ -75,7 +77,8 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit()
@@ -100,7 +103,8 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
         for (int c = threadIdx.x; c < R * CH; c += THREADS) {
             const int r = c / CH, ch = c % CH;
             const bool ok = r < rows && ch * 8 < cols;
-            cp_async16(smem_u32(s + r * DS + ch * 8), ok ? (const void *)(g + r * row_stride + ch * 8) : (const void *)g,
+            cp_async16(smem_u32(s + r * DS + ch * 8),
+                       ok ? (const void *)(g + r * row_stride + ch * 8) : (const void *)g,
                        ok ? 16 : 0);
         }
     } else {
@@ -115,7 +119,8 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int64_t row_stride, 
  * otherwise be reserved on every path: at D = 128 they cost ~200 bytes of
  * spills per thread. */
 template <int D, bool BF16, bool DROPOUT>
-__global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flash_fwd(const flash_params p)
+__global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
+    flash_fwd(const flash_params p)
 {
     typedef typename elem<BF16>::T T;
     constexpr int BM = tile<D>::BM, BN = tile<D>::BN, THREADS = tile<D>::THREADS, MT = tile<D>::MT;
@@ -187,13 +192,13 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                ldmatrix_x4(a[mt], smem_u32(sQ + ((warp * MT + mt) * 16 + lane % 16) * DS + kk * 16 +
-                                            (lane / 16) * 8));
+                ldmatrix_x4(a[mt], smem_u32(sQ + ((warp * MT + mt) * 16 + lane % 16) * DS +
+                                            kk * 16 + (lane / 16) * 8));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t bk[4];
-                ldmatrix_x4(bk, smem_u32(cK + (np * 16 + lane % 8 + (lane / 16) * 8) * DS + kk * 16 +
-                                         ((lane / 8) % 2) * 8));
+                ldmatrix_x4(bk, smem_u32(cK + (np * 16 + lane % 8 + (lane / 16) * 8) * DS +
+                                         kk * 16 + ((lane / 8) % 2) * 8));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma<BF16>(s[mt][2 * np], a[mt], bk[0], bk[1]);
@@ -263,12 +268,16 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
 #pragma unroll
                     for (int rh = 0; rh < 2; rh++) {
                         const int64_t row = m0 + (warp * MT + mt) * 16 + lane / 4 + rh * 8;
-                        const int64_t col = n0 + i * 8 + (lane % 4) * 2; /* even: one draw, two keys */
-                        const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, seq_head, row, col);
+                        const int64_t col =
+                            n0 + i * 8 + (lane % 4) * 2; /* even: one draw, two keys */
+                        const fmha_u32x4 w =
+                            fmha_dropout_words(p.seed, p.offset, seq_head, row, col);
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             float &x = s[mt][i][2 * rh + e];
-                            x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold ? x * p.drop_scale : 0.0f;
+                            x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold
+                                    ? x * p.drop_scale
+                                    : 0.0f;
                         }
                     }
         }
@@ -286,14 +295,15 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS) flas
                 pa[mt][kk][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
 
-        /* O += P V. */
+            /* O += P V. */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t bv[4];
-                ldmatrix_x4_trans(bv, smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
-                                               dp * 16 + (lane / 16) * 8));
+                ldmatrix_x4_trans(bv,
+                                  smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
+                                           dp * 16 + (lane / 16) * 8));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma<BF16>(o[mt][2 * dp], pa[mt][kk], bv[0], bv[1]);
@@ -346,22 +356,24 @@ cudaError_t launch(const flash_params &p, int64_t max_sq, int batch, cudaStream_
 
 } // namespace
 
-namespace fmha_cuda {
+namespace fmha_cuda
+{
 
 fmha_status portable_variant(fmha_plan *plan)
 {
-    const int64_t dmax = plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
-#define FMHA_VARIANT(D)                                                                           \
-    if (dmax <= D) {                                                                              \
-        plan->head_dim_variant = D;                                                               \
-        plan->tile_m = tile<D>::BM;                                                               \
-        plan->tile_n = tile<D>::BN;                                                               \
-        return FMHA_STATUS_OK;                                                                    \
+    const int64_t dmax =
+        plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
+#define FMHA_VARIANT(D)             \
+    if (dmax <= D) {                \
+        plan->head_dim_variant = D; \
+        plan->tile_m = tile<D>::BM; \
+        plan->tile_n = tile<D>::BN; \
+        return FMHA_STATUS_OK;      \
     }
     FMHA_CUDA_HEAD_DIMS(FMHA_VARIANT)
 #undef FMHA_VARIANT
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
-                          (long long)dmax);
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                          "head dim %lld is above 256, the largest CUDA kernel", (long long)dmax);
 }
 
 fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
@@ -370,9 +382,10 @@ fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, cons
     const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
     const int batch = (int)pb->batch;
     cudaError_t err = cudaErrorInvalidValue;
-#define FMHA_LAUNCH(D)                                                                            \
-    if (plan->head_dim_variant == D)                                                              \
-        err = bf16 ? launch<D, true>(p, pb->max_sq, batch, stream) : launch<D, false>(p, pb->max_sq, batch, stream);
+#define FMHA_LAUNCH(D)                                             \
+    if (plan->head_dim_variant == D)                               \
+        err = bf16 ? launch<D, true>(p, pb->max_sq, batch, stream) \
+                   : launch<D, false>(p, pb->max_sq, batch, stream);
     FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
 #undef FMHA_LAUNCH
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the attention kernel launch");

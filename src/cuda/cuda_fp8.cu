@@ -16,7 +16,8 @@
 
 namespace cg = cooperative_groups;
 
-namespace {
+namespace
+{
 
 /* A thread works on vectors of VEC consecutive elements of a row (16 bytes of
  * bf16/f16, 32 of f32, 8 bytes of codes) when rows are aligned, else on single
@@ -140,7 +141,7 @@ template <fmha_dtype DT> struct elem_size {
 /* W elements of x as raw bits: f32 one per word, f16/bf16 two per word (one
  * in the low half when W = 1). */
 template <fmha_dtype DT, int W> struct vec {
-    static constexpr int WORDS = W * elem_size<DT>::value / 4 > 0 ? W * elem_size<DT>::value / 4 : 1;
+    static constexpr int WORDS = W * elem_size<DT>::value / 4 > 0 ? W *elem_size<DT>::value / 4 : 1;
     uint32_t w[WORDS];
 };
 
@@ -212,7 +213,8 @@ __device__ __forceinline__ typename amax_of<DT, W>::type vec_amax(const vec<DT, 
     } else {
 #pragma unroll
         for (int i = 0; i < W; i++)
-            m = fmaxf(m, fabsf(elem_at(v, i))); /* fmaxf returns the other operand for NaN: ignored */
+            m = fmaxf(m,
+                      fabsf(elem_at(v, i))); /* fmaxf returns the other operand for NaN: ignored */
     }
     return m;
 }
@@ -620,7 +622,8 @@ using fmha_cuda::cuda_error;
 fmha_status check_device_memory(const void *ptr, const char *name)
 {
     return fmha_cuda::check_device_pointer(
-        ptr, name, ": fmha_quantize_fp8_cuda takes device memory (fmha_quantize_fp8 quantizes host memory)");
+        ptr, name,
+        ": fmha_quantize_fp8_cuda takes device memory (fmha_quantize_fp8 quantizes host memory)");
 }
 
 /* Every row of t starts `align`-byte aligned (dims of size 1 have no stride
@@ -732,7 +735,8 @@ extern "C" fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_t
  * three launches and without atomics, so a call's means do not depend on the
  * order in which blocks finish. Each block sums SMOOTH_CHUNK tokens of one
  * (batch, head) in double; the means add those sums in chunk order. */
-namespace {
+namespace
+{
 
 using fmha_cuda::min64;
 
@@ -754,7 +758,8 @@ __device__ __forceinline__ float load_elem(const char *row, fmha_dtype dt, int64
     if (dt == FMHA_DTYPE_F32)
         return ((const float *)row)[c];
     const unsigned short u = ((const unsigned short *)row)[c];
-    return dt == FMHA_DTYPE_BF16 ? __uint_as_float((uint32_t)u << 16) : __half2float(__ushort_as_half(u));
+    return dt == FMHA_DTYPE_BF16 ? __uint_as_float((uint32_t)u << 16)
+                                 : __half2float(__ushort_as_half(u));
 }
 
 /* A block's threads cover min(d, SMOOTH_NT) channels of SMOOTH_NT / that many
@@ -786,8 +791,8 @@ struct smooth_chunk {
 
 /* Channel c of rows s, s + step, s + 2 step, s + 3 step of a (batch, head)
  * whose row 0 is at base (0 past row end - 1): four loads in flight. */
-__device__ __forceinline__ void load_rows4(const smooth_params &p, const char *base, int64_t s, int64_t step,
-                                           int64_t end, int64_t c, float *x)
+__device__ __forceinline__ void load_rows4(const smooth_params &p, const char *base, int64_t s,
+                                           int64_t step, int64_t end, int64_t c, float *x)
 {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
@@ -876,7 +881,8 @@ struct unsmooth_params {
 /* One thread a query row: lse += scale * (q . its KV head's mean). */
 __global__ void __launch_bounds__(SMOOTH_NT) unsmooth_lse(const unsmooth_params p)
 {
-    const int64_t i = (int64_t)blockIdx.x * SMOOTH_NT + threadIdx.x; /* (b * heads + h) * seqlen + s */
+    const int64_t i =
+        (int64_t)blockIdx.x * SMOOTH_NT + threadIdx.x; /* (b * heads + h) * seqlen + s */
     if (i >= p.batch * p.heads * p.seqlen)
         return;
     const int64_t s = i % p.seqlen, bh = i / p.seqlen, h = bh % p.heads, b = bh / p.heads;
@@ -888,9 +894,15 @@ __global__ void __launch_bounds__(SMOOTH_NT) unsmooth_lse(const unsmooth_params 
     p.lse[i] = (float)((double)p.lse[i] + p.scale * dot);
 }
 
-int64_t smooth_chunks(const fmha_tensor *k) { return (k->seqlen + SMOOTH_CHUNK - 1) / SMOOTH_CHUNK; }
+int64_t smooth_chunks(const fmha_tensor *k)
+{
+    return (k->seqlen + SMOOTH_CHUNK - 1) / SMOOTH_CHUNK;
+}
 
-unsigned blocks_for(int64_t n) { return (unsigned)((n + SMOOTH_NT - 1) / SMOOTH_NT); }
+unsigned blocks_for(int64_t n)
+{
+    return (unsigned)((n + SMOOTH_NT - 1) / SMOOTH_NT);
+}
 
 } // namespace
 
@@ -899,17 +911,27 @@ extern "C" size_t fmha_cuda_smooth_k_scratch(const fmha_tensor *k)
     return (size_t)(k->batch * k->heads * smooth_chunks(k) * k->head_dim) * sizeof(double);
 }
 
-extern "C" fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *partial,
-                                          void *stream)
+extern "C" fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean,
+                                          void *partial, void *stream)
 {
-    fmha_status st =
-        fmha_cuda::check_device_pointer(k->data, "k.data", ": a CUDA layer's k must be device memory");
+    fmha_status st = fmha_cuda::check_device_pointer(k->data, "k.data",
+                                                     ": a CUDA layer's k must be device memory");
     if (st != FMHA_STATUS_OK)
         return st;
     const int64_t es = (int64_t)fmha_dtype_size(k->dtype);
-    smooth_params p = {(const char *)k->data, k->dtype, k->stride_batch * es, k->stride_seq * es,
-                       k->stride_head * es, k->batch, k->seqlen, k->heads, k->head_dim, smooth_chunks(k),
-                       (double *)partial, mean, ks};
+    smooth_params p = {(const char *)k->data,
+                       k->dtype,
+                       k->stride_batch * es,
+                       k->stride_seq * es,
+                       k->stride_head * es,
+                       k->batch,
+                       k->seqlen,
+                       k->heads,
+                       k->head_dim,
+                       smooth_chunks(k),
+                       (double *)partial,
+                       mean,
+                       ks};
     const int64_t sum_blocks = p.batch * p.heads * p.chunks, means = p.batch * p.heads * p.d;
     if (sum_blocks >= INT32_MAX || blocks_for(means) >= INT32_MAX)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
@@ -924,16 +946,29 @@ extern "C" fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float
     if (sum_blocks > 0)
         smooth_subtract<<<(unsigned)sum_blocks, SMOOTH_NT, 0, s>>>(p);
     const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? FMHA_STATUS_OK : fmha_cuda::cuda_error(err, "the fp8_smooth_k launches");
+    return err == cudaSuccess ? FMHA_STATUS_OK
+                              : fmha_cuda::cuda_error(err, "the fp8_smooth_k launches");
 }
 
 extern "C" fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float *mean,
-                                              int64_t kv_heads, int64_t group, double scale, void *stream)
+                                              int64_t kv_heads, int64_t group, double scale,
+                                              void *stream)
 {
     const int64_t es = (int64_t)fmha_dtype_size(q->dtype);
-    unsmooth_params p = {(const char *)q->data, q->dtype, q->stride_batch * es, q->stride_seq * es,
-                         q->stride_head * es, q->batch, q->seqlen, q->heads, q->head_dim,
-                         kv_heads, group, scale, mean, lse};
+    unsmooth_params p = {(const char *)q->data,
+                         q->dtype,
+                         q->stride_batch * es,
+                         q->stride_seq * es,
+                         q->stride_head * es,
+                         q->batch,
+                         q->seqlen,
+                         q->heads,
+                         q->head_dim,
+                         kv_heads,
+                         group,
+                         scale,
+                         mean,
+                         lse};
     const int64_t rows = p.batch * p.heads * p.seqlen;
     if (rows == 0)
         return FMHA_STATUS_OK;
@@ -943,5 +978,6 @@ extern "C" fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, 
                               (long long)rows);
     unsmooth_lse<<<blocks_for(rows), SMOOTH_NT, 0, (cudaStream_t)stream>>>(p);
     const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? FMHA_STATUS_OK : fmha_cuda::cuda_error(err, "the fp8_smooth_k LSE launch");
+    return err == cudaSuccess ? FMHA_STATUS_OK
+                              : fmha_cuda::cuda_error(err, "the fp8_smooth_k LSE launch");
 }

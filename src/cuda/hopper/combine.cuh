@@ -4,7 +4,8 @@
 
 #include "tiles.cuh"
 
-namespace {
+namespace
+{
 
 /* Merges the pieces of each split tile (hopper_sched): O = sum_i w_i O_i
  * with w_i = 2^lse_i / sum_j 2^lse_j. A thread takes COMBINE_COLS columns of

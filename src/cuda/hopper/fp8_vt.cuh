@@ -4,7 +4,8 @@
 
 #include "tiles.cuh"
 
-namespace {
+namespace
+{
 
 /* V^T for the FP8 kernel: vt[tb][hk][c][col] = v[key][hk][c] with key =
  * 16 (col / 16) + vt_key(col % 16) of the sequence whose columns hold col
@@ -12,8 +13,8 @@ namespace {
  * KV head): it reads their keys' rows, then writes 4 columns per thread. */
 constexpr int VT_COLS = 64;
 
-__global__ void __launch_bounds__(256) vt_kernel(const flash_params p, uint8_t *vt, int64_t cols,
-                                                 int vec4)
+__global__ void __launch_bounds__(256)
+    vt_kernel(const flash_params p, uint8_t *vt, int64_t cols, int vec4)
 {
     __shared__ uint8_t tile[VT_COLS][256 + 4]; /* [key][channel]; the pad spreads banks */
     const int b = blockIdx.z, hk = blockIdx.y;
@@ -35,7 +36,8 @@ __global__ void __launch_bounds__(256) vt_kernel(const flash_params p, uint8_t *
         for (int i = threadIdx.x; i < VT_COLS * words; i += blockDim.x) {
             const int r = i / words, w = i % words;
             const int64_t key = x0 + r;
-            const uint32_t x = key < len ? *(const uint32_t *)(v + (k0 + key) * p.v_ss + 4 * w) : 0u;
+            const uint32_t x =
+                key < len ? *(const uint32_t *)(v + (k0 + key) * p.v_ss + 4 * w) : 0u;
             *(uint32_t *)&tile[r][4 * w] = x;
         }
     } else {

@@ -21,7 +21,8 @@
 #include <atomic>
 #include <mutex>
 
-namespace {
+namespace
+{
 using namespace fmha_cuda;
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled()
@@ -47,8 +48,9 @@ fmha_status make_map_raw(CUtensorMap *map, void *data, CUtensorMapDataType type,
 {
     PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
     if (!encode)
-        return fmha_set_error(FMHA_STATUS_BACKEND_ERROR,
-                              "the CUDA driver has no cuTensorMapEncodeTiled (driver older than 12.0?)");
+        return fmha_set_error(
+            FMHA_STATUS_BACKEND_ERROR,
+            "the CUDA driver has no cuTensorMapEncodeTiled (driver older than 12.0?)");
     cuuint64_t dims[4], strides[3];
     for (int i = 0; i < 4; i++)
         dims[i] = (cuuint64_t)dims_in[i];
@@ -74,7 +76,7 @@ fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int i
 {
     const int64_t dims[4] = {t.head_dim, t.seqlen, t.heads, t.batch};
     const int64_t strides[3] = {t.stride_seq, t.stride_head, t.stride_batch};
-    const CUtensorMapDataType type = in == IN_E4M3  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+    const CUtensorMapDataType type = in == IN_E4M3   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                      : in == IN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     return make_map_raw(map, t.data, type, in == IN_E4M3 ? 1 : 2, dims, strides, box_rows, name);
@@ -123,8 +125,8 @@ hopper_sched plan(const flash_params &p, int64_t max_sq, int batch, int BM, int 
                   fmha_schedule mode, int cl)
 {
     const int64_t tiles_x = (max_sq + BM - 1) / BM;
-    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident, uniform_tiles(p),
-                      mode, cl);
+    return sched_plan(tiles_x * p.heads * batch, tiles_x, (p.sk + BN - 1) / BN, resident,
+                      uniform_tiles(p), mode, cl);
 }
 
 /* The kernel on its schedule; a split tail's partials live in pooled
@@ -176,7 +178,8 @@ cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_sc
     void *parts = nullptr;
     if (hp.s.sk_tiles > 0) {
         const int64_t slots = 2 * (int64_t)hp.s.ctas * CL * TL::BM;
-        if ((err = scratch_alloc(&parts, (size_t)(slots * (D + 1)) * sizeof(float), stream)) != cudaSuccess)
+        if ((err = scratch_alloc(&parts, (size_t)(slots * (D + 1)) * sizeof(float), stream)) !=
+            cudaSuccess)
             return err;
         hp.s.part_ld = D;
         hp.s.part_o = (float *)parts;
@@ -189,14 +192,15 @@ cudaError_t launch_variant(hopper_params &hp, int64_t max_sq, int batch, fmha_sc
         early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         early.val.programmaticStreamSerializationAllowed = 1;
         cudaLaunchConfig_t cc = {};
-        cc.gridDim = dim3((unsigned)(hp.s.sk_tiles * CL),
-                          (unsigned)((TL::BM * (D / COMBINE_COLS) + COMBINE_THREADS - 1) / COMBINE_THREADS));
+        cc.gridDim =
+            dim3((unsigned)(hp.s.sk_tiles * CL),
+                 (unsigned)((TL::BM * (D / COMBINE_COLS) + COMBINE_THREADS - 1) / COMBINE_THREADS));
         cc.blockDim = dim3(COMBINE_THREADS);
         cc.stream = stream;
         cc.attrs = &early;
         cc.numAttrs = 1;
-        err = cudaLaunchKernelEx(&cc, combine_kernel, (const flash_params)hp.p, (const hopper_sched)hp.s,
-                                 (int)TL::BM, hp.o_vec);
+        err = cudaLaunchKernelEx(&cc, combine_kernel, (const flash_params)hp.p,
+                                 (const hopper_sched)hp.s, (int)TL::BM, hp.o_vec);
     }
     if (parts)
         cudaFreeAsync(parts, stream);
@@ -215,8 +219,8 @@ struct vt_view {
  * which at D = 256, or with dropout's draws at D = 128, spills: ptxas, 380
  * bytes), or clusters, or none of them — as the call's plan says. */
 template <int D, int IN>
-fmha_status launch(hopper_params &hp, const fmha_plan *plan, const fmha_problem *pb, const vt_view *vt,
-                   cudaStream_t stream)
+fmha_status launch(hopper_params &hp, const fmha_plan *plan, const fmha_problem *pb,
+                   const vt_view *vt, cudaStream_t stream)
 {
     typedef htile<D, IN> TL;
     const fmha_forward_args *a = pb->args;
@@ -243,15 +247,18 @@ fmha_status launch(hopper_params &hp, const fmha_plan *plan, const fmha_problem 
      * are the next sequence's), nor O staged in Q's rows (the next piece's Q
      * would have to wait for the stores to read them). */
     hp.o_tma = hp.o_vec && !hp.p.varlen && TL::O_BYTES != 0;
-    if (hp.o_tma && (st = make_map(&hp.to, a->out, 64, a->out.dtype == FMHA_DTYPE_BF16 ? IN_BF16 : IN_F16,
-                                   "out")) != FMHA_STATUS_OK)
+    if (hp.o_tma &&
+        (st = make_map(&hp.to, a->out, 64, a->out.dtype == FMHA_DTYPE_BF16 ? IN_BF16 : IN_F16,
+                       "out")) != FMHA_STATUS_OK)
         return st;
     const cudaError_t err =
-        hp.p.drop_threshold       ? launch_variant<D, IN, true, false, 1>(hp, max_sq, batch, mode, stream)
-        : plan->two_level && TWO ? launch_variant<D, IN, false, TWO, 1>(hp, max_sq, batch, mode, stream)
-        : cl                      ? launch_variant<D, IN, false, false, CL2>(hp, max_sq, batch, mode, stream)
-                                  : launch_variant<D, IN, false, false, 1>(hp, max_sq, batch, mode, stream);
-    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the Hopper attention kernel launch");
+        hp.p.drop_threshold ? launch_variant<D, IN, true, false, 1>(hp, max_sq, batch, mode, stream)
+        : plan->two_level && TWO
+            ? launch_variant<D, IN, false, TWO, 1>(hp, max_sq, batch, mode, stream)
+        : cl ? launch_variant<D, IN, false, false, CL2>(hp, max_sq, batch, mode, stream)
+             : launch_variant<D, IN, false, false, 1>(hp, max_sq, batch, mode, stream);
+    return err == cudaSuccess ? FMHA_STATUS_OK
+                              : cuda_error(err, "the Hopper attention kernel launch");
 }
 
 /* The plan's compiled head dim; vt != NULL for FP8. */
@@ -259,11 +266,12 @@ fmha_status launch_head_dim(hopper_params &hp, const fmha_plan *plan, const fmha
                             const vt_view *vt, cudaStream_t stream)
 {
     const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
-#define FMHA_LAUNCH(D)                                                                            \
-    if (plan->head_dim_variant == D)                                                              \
-        return bf16 ? launch<D, IN_BF16>(hp, plan, pb, vt, stream) : launch<D, IN_F16>(hp, plan, pb, vt, stream);
-#define FMHA_LAUNCH_FP8(D)                                                                        \
-    if (plan->head_dim_variant == D)                                                              \
+#define FMHA_LAUNCH(D)                                             \
+    if (plan->head_dim_variant == D)                               \
+        return bf16 ? launch<D, IN_BF16>(hp, plan, pb, vt, stream) \
+                    : launch<D, IN_F16>(hp, plan, pb, vt, stream);
+#define FMHA_LAUNCH_FP8(D)           \
+    if (plan->head_dim_variant == D) \
         return launch<D, IN_E4M3>(hp, plan, pb, vt, stream);
     if (vt) {
         FMHA_CUDA_FP8_HEAD_DIMS(FMHA_LAUNCH_FP8)
@@ -272,7 +280,8 @@ fmha_status launch_head_dim(hopper_params &hp, const fmha_plan *plan, const fmha
     }
 #undef FMHA_LAUNCH
 #undef FMHA_LAUNCH_FP8
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim variant %d is not compiled", plan->head_dim_variant);
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim variant %d is not compiled",
+                          plan->head_dim_variant);
 }
 
 hopper_params params_of(const fmha_problem *pb, const flash_params &p)
@@ -286,24 +295,26 @@ hopper_params params_of(const fmha_problem *pb, const flash_params &p)
 
 } // namespace
 
-namespace fmha_cuda {
+namespace fmha_cuda
+{
 
 /* The variant of a plan: the smallest compiled head dim that holds it, and
  * that variant's tile, clusters and two-level accumulation. */
 fmha_status hopper_variant(fmha_plan *plan)
 {
-    const int64_t dmax = plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
-#define FMHA_VARIANT(D, IN)                                                                       \
-    if (dmax <= D) {                                                                              \
-        typedef htile<D, IN> TL;                                                                  \
-        plan->head_dim_variant = D;                                                               \
-        plan->tile_m = TL::BM;                                                                    \
-        plan->tile_n = TL::BN;                                                                    \
-        plan->max_cluster = TL::FP8 || D < 128 ? 1 : 2;                                           \
-        plan->has_two_level = TL::FP8 && D <= 128;                                                \
-        return FMHA_STATUS_OK;                                                                    \
+    const int64_t dmax =
+        plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
+#define FMHA_VARIANT(D, IN)                             \
+    if (dmax <= D) {                                    \
+        typedef htile<D, IN> TL;                        \
+        plan->head_dim_variant = D;                     \
+        plan->tile_m = TL::BM;                          \
+        plan->tile_n = TL::BN;                          \
+        plan->max_cluster = TL::FP8 || D < 128 ? 1 : 2; \
+        plan->has_two_level = TL::FP8 && D <= 128;      \
+        return FMHA_STATUS_OK;                          \
     }
-#define FMHA_VARIANT_16(D) FMHA_VARIANT(D, IN_BF16)
+#define FMHA_VARIANT_16(D)  FMHA_VARIANT(D, IN_BF16)
 #define FMHA_VARIANT_FP8(D) FMHA_VARIANT(D, IN_E4M3)
     if (plan->cfg.dtype == FMHA_DTYPE_F8_E4M3) {
         FMHA_CUDA_FP8_HEAD_DIMS(FMHA_VARIANT_FP8)
@@ -313,8 +324,8 @@ fmha_status hopper_variant(fmha_plan *plan)
 #undef FMHA_VARIANT
 #undef FMHA_VARIANT_16
 #undef FMHA_VARIANT_FP8
-    return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "head dim %lld is above 256, the largest CUDA kernel",
-                          (long long)dmax);
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                          "head dim %lld is above 256, the largest CUDA kernel", (long long)dmax);
 }
 
 fmha_status hopper_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
@@ -345,9 +356,9 @@ fmha_status hopper_fp8_forward(const fmha_plan *plan, const fmha_problem *pb, co
     if (err != cudaSuccess)
         return cuda_error(err, "allocating V^T scratch for FP8 attention");
     const fmha_tensor &v = a->v;
-    const int vec4 = dv % 4 == 0 && (uintptr_t)v.data % 4 == 0 &&
-                     (v.stride_seq % 4 == 0 || v.seqlen == 1) && (v.stride_head % 4 == 0 || v.heads == 1) &&
-                     (v.stride_batch % 4 == 0 || v.batch == 1);
+    const int vec4 =
+        dv % 4 == 0 && (uintptr_t)v.data % 4 == 0 && (v.stride_seq % 4 == 0 || v.seqlen == 1) &&
+        (v.stride_head % 4 == 0 || v.heads == 1) && (v.stride_batch % 4 == 0 || v.batch == 1);
     const int64_t max_own = p.varlen ? (pb->max_sk + 15 + 32) & ~(int64_t)15 : cols;
     dim3 grid((unsigned)((max_own + VT_COLS - 1) / VT_COLS), (unsigned)kvh, (unsigned)nseq);
     vt_kernel<<<grid, 256, 0, stream>>>(p, (uint8_t *)vt.data, cols, vec4);

@@ -5,7 +5,8 @@
 #include "ptx.cuh"
 #include "tiles.cuh"
 
-namespace {
+namespace
+{
 
 #include "wgmma.inc"
 
@@ -37,7 +38,8 @@ template <int D, int IN> struct consumer {
     /* Q_REGS: the warpgroup's 64 rows of Q as wgmma's register A operand, one
      * fragment per k step (ldmatrix from the swizzled rows: matrices 0..3 are
      * rows 0-7 / 8-15 of the warp's 16 at the step's first / second 16 bytes). */
-    static __device__ __forceinline__ void load_q(uint32_t (*qa)[4], uint32_t q_rows, int warp, int lane)
+    static __device__ __forceinline__ void load_q(uint32_t (*qa)[4], uint32_t q_rows, int warp,
+                                                  int lane)
     {
         const int r = 16 * warp + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
@@ -53,8 +55,8 @@ template <int D, int IN> struct consumer {
     /* Issues S = Q K^T: one wgmma per 32 bytes of the head dim, four per
      * 128-byte chunk; Q from shared memory, or from qa (QR). */
     template <bool QR>
-    static __device__ __forceinline__ void issue_scores(float *sc, uint32_t q_rows, const uint32_t (*qa)[4],
-                                                        uint32_t k_stage)
+    static __device__ __forceinline__ void issue_scores(float *sc, uint32_t q_rows,
+                                                        const uint32_t (*qa)[4], uint32_t k_stage)
     {
         const uint64_t kd = smem_desc(k_stage, 16, 1024), qd = smem_desc(q_rows, 16, 1024);
 #pragma unroll
@@ -71,10 +73,11 @@ template <int D, int IN> struct consumer {
     /* Issues O += P V (accumulate = 0: O = P V). 16-bit: V is [BN keys][D] in
      * 64-column chunks BN * 128 bytes apart (MN-major). FP8: V^T is [D][BN
      * keys], one 128-byte row per output column (K-major). */
-    static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*pa)[4], uint32_t v_stage,
-                                                    int accumulate)
+    static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*pa)[4],
+                                                    uint32_t v_stage, int accumulate)
     {
-        const uint64_t vd = TL::FP8 ? smem_desc(v_stage, 16, 1024) : smem_desc(v_stage, BN * 128, 1024);
+        const uint64_t vd =
+            TL::FP8 ? smem_desc(v_stage, 16, 1024) : smem_desc(v_stage, BN * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < PA; kk++) {
             const uint64_t desc = desc_at(vd, TL::FP8 ? kk * 32 : kk * 16 * 128);
@@ -84,8 +87,9 @@ template <int D, int IN> struct consumer {
 
     /* Softcap, then -inf where a row does not see a key (tile edges only). */
     static __device__ __forceinline__ void mask(float *sc, const flash_params &p, float cap_in,
-                                               int64_t n0, int nvalid, bool full, int row0, int rows,
-                                               int64_t m0, int64_t sq, int64_t sk, int lane)
+                                                int64_t n0, int nvalid, bool full, int row0,
+                                                int rows, int64_t m0, int64_t sq, int64_t sk,
+                                                int lane)
     {
         if (p.softcap_out != 0.0f) {
 #pragma unroll
@@ -106,8 +110,9 @@ template <int D, int IN> struct consumer {
      * and O unscaled, unless one of its rows grew by more than tau
      * (hopper_params, log2 units), so P stays below 2^tau (times 2^shift).
      * Returns whether the max moved, i.e. whether O must be rescaled. */
-    static __device__ __forceinline__ bool softmax(float *sc, float *m_row, float *l_row, float *alpha,
-                                                   float scale_log2, float shift, float tau)
+    static __device__ __forceinline__ bool softmax(float *sc, float *m_row, float *l_row,
+                                                   float *alpha, float scale_log2, float shift,
+                                                   float tau)
     {
         float mx[2];
 #pragma unroll
@@ -168,19 +173,21 @@ template <int D, int IN> struct consumer {
     }
 
     /* After the sum: the normaliser counts dropped terms. */
-    static __device__ __forceinline__ void dropout(float *sc, const flash_params &p, int64_t seq_head,
-                                                   int64_t row, int64_t n0, int lane)
+    static __device__ __forceinline__ void
+    dropout(float *sc, const flash_params &p, int64_t seq_head, int64_t row, int64_t n0, int lane)
     {
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
             for (int rh = 0; rh < 2; rh++) {
                 const int64_t col = n0 + j * 8 + (lane % 4) * 2; /* even: one draw, two keys */
-                const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, seq_head, row + 8 * rh, col);
+                const fmha_u32x4 w =
+                    fmha_dropout_words(p.seed, p.offset, seq_head, row + 8 * rh, col);
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float &x = sc[4 * j + 2 * rh + e];
-                    x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold ? x * p.drop_scale : 0.0f;
+                    x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold ? x * p.drop_scale
+                                                                            : 0.0f;
                 }
             }
     }

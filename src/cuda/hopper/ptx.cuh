@@ -7,7 +7,8 @@
 
 #include <stdint.h>
 
-namespace {
+namespace
+{
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 {
@@ -39,8 +40,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
 
 /* One box of a 4-D tensor map (head-dim column, row, head, batch) into
  * shared memory; its bytes count toward `bar`'s transaction. */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                         int c3, uint32_t bar)
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                         int c2, int c3, uint32_t bar)
 {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
                  "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
@@ -50,10 +51,12 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
 
 /* tma_load into the same offset of every block of the cluster in `mask`,
  * completing on each one's barrier at `bar`'s offset. */
-__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                                   int c3, uint32_t bar, uint16_t mask)
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap *map, int c0,
+                                                   int c1, int c2, int c3, uint32_t bar,
+                                                   uint16_t mask)
 {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes."
+                 "multicast::cluster "
                  "[%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
                  : "memory");
@@ -62,24 +65,38 @@ __device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorM
 /* One box of shared memory out to a 4-D tensor map's coordinates (bulk tensor
  * store: rows and columns past the tensor's extents are not written), in the
  * thread's current bulk group. */
-__device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2, int c3)
+__device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                          int c2, int c3)
 {
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
-                     (uint64_t)map),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::
+            "l"((uint64_t)map),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+        : "memory");
 }
 
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 
 /* The thread's bulk stores have read their shared memory (it may be written again). */
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 
 /* The thread's bulk stores are complete. */
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait()
+{
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 
 /* This thread's shared-memory writes, ordered before the bulk copies that read them. */
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_shared()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 
 /* Arrives on the barrier at `bar`'s offset in block `rank` of the cluster. */
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
@@ -92,11 +109,19 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
 /* Every thread of every block of the cluster. */
 __device__ __forceinline__ void cluster_sync()
 {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+            : "memory");
 }
 
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 template <int N> __device__ __forceinline__ void wg_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
@@ -131,7 +156,10 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 /* The descriptor of `desc`'s matrix moved on by `bytes` (a multiple of 16):
  * shared addresses stay below 2^18, so the 14-bit address field takes the
  * sum without a carry, and a loop's descriptors cost one add each. */
-__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes)
+{
+    return desc + (bytes >> 4);
+}
 
 /* Four floats as e4m3 bytes, the first in the lowest byte (round to
  * nearest even, saturated to +-448). */

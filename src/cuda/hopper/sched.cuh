@@ -29,7 +29,8 @@
 
 #include <stdint.h>
 
-namespace fmha_cuda {
+namespace fmha_cuda
+{
 
 /* The most blocks a split tail is dealt to, so the most pieces a tile has. */
 constexpr int SCHED_MAX_SPLIT_BLOCKS = 256;
@@ -62,7 +63,8 @@ __host__ __device__ __forceinline__ int sk_block_of(const hopper_sched &s, int u
 }
 
 /* Block b's piece number `item`; false past its last. */
-__host__ __device__ __forceinline__ bool next_segment(const hopper_sched &s, int b, int item, segment &g)
+__host__ __device__ __forceinline__ bool next_segment(const hopper_sched &s, int b, int item,
+                                                      segment &g)
 {
     const int c = s.cl == 1 ? b : b / s.cl, rank = s.cl == 1 ? 0 : b % s.cl;
     if (item < s.dp_rounds) {
@@ -89,7 +91,8 @@ __host__ __device__ __forceinline__ bool next_segment(const hopper_sched &s, int
 
 /* The units [c1, c2] whose ranges touch split tile unit r: one (c1 == c2)
  * means its tiles were run whole and need no merge. */
-__host__ __device__ __forceinline__ void split_blocks(const hopper_sched &s, int r, int &c1, int &c2)
+__host__ __device__ __forceinline__ void split_blocks(const hopper_sched &s, int r, int &c1,
+                                                      int &c2)
 {
     c1 = sk_block_of(s, r * s.n);
     c2 = sk_block_of(s, (r + 1) * s.n - 1);
@@ -112,8 +115,8 @@ __host__ __device__ __forceinline__ int piece_slot(const hopper_sched &s, int b,
  * (`uniform` false: causal, windowed or packed) keep one block per tile: the
  * GPU's own block scheduler balances them. ctas = -1: more tiles than 32-bit
  * tile numbers allow. */
-inline hopper_sched sched_plan(int64_t tiles, int64_t tiles_x, int64_t n, int resident, bool uniform,
-                               fmha_schedule mode, int cl = 1)
+inline hopper_sched sched_plan(int64_t tiles, int64_t tiles_x, int64_t n, int resident,
+                               bool uniform, fmha_schedule mode, int cl = 1)
 {
     hopper_sched s = {};
     if (tiles > INT32_MAX / 2) {

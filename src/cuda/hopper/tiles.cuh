@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-namespace {
+namespace
+{
 using namespace fmha_cuda;
 
 enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
@@ -61,10 +62,10 @@ static_assert(FMHA_HOPPER_REGS_LOAD * 128 + FMHA_HOPPER_REGS_MMA * 256 <= 168 * 
  *      480p, Flux, FA3 d128). */
 template <int D, int IN> struct htile {
     static constexpr bool FP8 = IN == IN_E4M3;
-    static constexpr int EB = FP8 ? 1 : 2;   /* bytes per element */
-    static constexpr int CW = 128 / EB;      /* columns per 128-byte swizzled row chunk */
+    static constexpr int EB = FP8 ? 1 : 2; /* bytes per element */
+    static constexpr int CW = 128 / EB;    /* columns per 128-byte swizzled row chunk */
     static constexpr int NCH = (D + CW - 1) / CW;
-    static constexpr int WK = 32 / EB;       /* k of one wgmma: 32 bytes */
+    static constexpr int WK = 32 / EB; /* k of one wgmma: 32 bytes */
     static constexpr int BM = 128;
     static constexpr int BN = FP8 ? 128 : D <= 128 ? FMHA_HOPPER_BN_SMALL : FMHA_HOPPER_BN_LARGE;
     static constexpr int STAGES = D <= 128 ? FMHA_HOPPER_STAGES_SMALL : 2;
@@ -78,7 +79,8 @@ template <int D, int IN> struct htile {
      * (the next piece's Q then loads while this one ends), else in Q's rows. */
     static constexpr uint32_t RING_END = Q_BYTES + STAGES * (K_BYTES + V_BYTES);
     static constexpr uint32_t BARS = 8 * (3 + 4 * STAGES); /* + the wait anchor (pv_anchor) */
-    static constexpr uint32_t O_ROWS = ((D + 63) / 64) * BM * 128; /* 16-bit O in 64-column chunks */
+    static constexpr uint32_t O_ROWS =
+        ((D + 63) / 64) * BM * 128; /* 16-bit O in 64-column chunks */
     static constexpr uint32_t O_BYTES = RING_END + O_ROWS + BARS + 1024 <= 227 * 1024 ? O_ROWS : 0;
     static constexpr uint32_t O_OFFSET = O_BYTES ? RING_END : 0;
     static constexpr uint32_t BAR_OFFSET = RING_END + O_BYTES;
@@ -93,7 +95,10 @@ template <int D, int IN> struct htile {
  * +6.2% (Wan 480p), +3.6% (Flux), two runs back to back; 16-bit, one process,
  * within the board's power-limited spread: FA3 d128 +3.8%, Flux +0.6% and
  * -1.6%, Wan 720p +0.3%. */
-__host__ __device__ constexpr float lazy_tau(int in) { return in == IN_E4M3 ? 2.0f : 8.0f; }
+__host__ __device__ constexpr float lazy_tau(int in)
+{
+    return in == IN_E4M3 ? 2.0f : 8.0f;
+}
 
 struct hopper_params {
     flash_params p;
@@ -103,7 +108,7 @@ struct hopper_params {
     int o_vec;              /* out rows take 16-byte stores (16-bit out, aligned) */
     int o_tma;              /* ... and, unpacked, bulk tensor stores through `to` */
     float p_shift;          /* FP8: P is stored times 2^p_shift, to stay above e4m3's subnormals */
-    float tau;              /* lazy_tau of the launch's input kind (a parameter: as a constant, ptxas
+    float tau; /* lazy_tau of the launch's input kind (a parameter: as a constant, ptxas
                                spills 8 bytes more in the dropout variants) */
 };
 
@@ -127,10 +132,11 @@ __host__ __device__ __forceinline__ int64_t vt_start(int64_t k0, int64_t b)
 constexpr int BAR_EPILOGUE = 1, BAR_TURN = 3;
 
 /* The rows and keys of a piece; false for a query block past its sequence. */
-__device__ __forceinline__ bool tile_span(block_span &bs, const flash_params &p, const hopper_sched &s,
-                                          const segment &g, int BM, int BN)
+__device__ __forceinline__ bool tile_span(block_span &bs, const flash_params &p,
+                                          const hopper_sched &s, const segment &g, int BM, int BN)
 {
-    const uint32_t x = (uint32_t)g.tile % (uint32_t)s.tiles_x, hb = (uint32_t)g.tile / (uint32_t)s.tiles_x;
+    const uint32_t x = (uint32_t)g.tile % (uint32_t)s.tiles_x,
+                   hb = (uint32_t)g.tile / (uint32_t)s.tiles_x;
     if (!block_span_at(bs, p, BM, BN, s.tiles_x - 1 - (int)x, (int)(hb % (uint32_t)p.heads),
                        (int)(hb / (uint32_t)p.heads)))
         return false;
@@ -146,8 +152,8 @@ __device__ __forceinline__ bool tile_span(block_span &bs, const flash_params &p,
  * loads) before it. The producer and the consumers both walk with it, so
  * their ring slots and barrier phases agree. */
 template <class F>
-__device__ __forceinline__ void for_each_piece(const hopper_sched &s, const flash_params &p, int BM, int BN,
-                                               F f)
+__device__ __forceinline__ void for_each_piece(const hopper_sched &s, const flash_params &p, int BM,
+                                               int BN, F f)
 {
     segment sg;
     uint32_t g = 0, nseg = 0;

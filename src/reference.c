@@ -2,6 +2,7 @@
  * Plain loops over (sequence, head, query row), one key row at a time, float64
  * accumulation, every feature. Never fast on purpose: it must stay obvious.
  * FP8 inputs are their codes' values times their descales, exactly. */
+#include "alloc.h"
 #include "validate.h"
 
 #include <omp.h>
@@ -21,7 +22,7 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
      * Each thread's scratch is allocated before anything is written. */
     const int threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
     const int64_t per_thread = (pb.max_sk > 0 ? pb.max_sk : 1) + dv;
-    double *scratch = malloc(sizeof(double) * (size_t)(per_thread * threads));
+    double *scratch = fmha_malloc(sizeof(double) * (size_t)(per_thread * threads));
     if (!scratch)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
 
@@ -60,8 +61,12 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                 for (int64_t c = 0; c < dv; c++)
                     acc[c] = 0.0;
                 double l = 0.0;
+                /* The non-finite policy (docs/reliability.md): a NaN or +inf score
+                 * makes the row NaN (exp(NaN), exp(inf - inf)); -inf scores weigh 0,
+                 * and a row of nothing else is a row that sees no key. */
                 for (int64_t j = lo; j < hi; j++) {
-                    double p = exp(scores[j - lo] - m);
+                    const double sj = scores[j - lo];
+                    double p = m == -INFINITY && !isnan(sj) ? 0.0 : exp(sj - m);
                     l += p; /* the normaliser counts dropped elements too */
                     if (pb.drop_threshold) {
                         fmha_u32x4 w =
@@ -78,15 +83,16 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
 
                 char *orow = fmha_row(&a->out, tb, q0 + i, h);
                 for (int64_t c = 0; c < dv; c++)
-                    fmha_store_f32(orow, a->out.dtype, c, l > 0.0 ? (float)(acc[c] / l) : 0.0f);
+                    fmha_store_f32(orow, a->out.dtype, c,
+                                   l > 0.0 || isnan(l) ? (float)(acc[c] / l) : 0.0f);
                 if (a->lse) {
                     int64_t idx =
                         pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i;
-                    a->lse[idx] = l > 0.0 ? (float)(m + log(l)) : -INFINITY;
+                    a->lse[idx] = l > 0.0 || isnan(l) ? (float)(m + log(l)) : -INFINITY;
                 }
             }
         }
     }
-    free(scratch);
+    fmha_free(scratch);
     return FMHA_STATUS_OK;
 }

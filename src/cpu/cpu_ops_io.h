@@ -81,8 +81,10 @@ static void store(const fmha_cpu_task *t, const float *o, const float *m, const 
         if (a->lse) {
             const int64_t idx =
                 pb->varlen ? h * a->q.seqlen + t->q0 + pos : (t->b * pb->heads + h) * t->sq + pos;
-            a->lse[idx] =
-                l[i] > 0.0f ? (float)((m[i] + log2((double)l[i])) * 0.6931471805599453) : -INFINITY;
+            /* A NaN row (docs/reliability.md) has a NaN LSE; a row of no key -inf. */
+            a->lse[idx] = l[i] > 0.0f ? (float)((m[i] + log2((double)l[i])) * 0.6931471805599453)
+                          : isnan(l[i]) || isnan(m[i]) ? NAN
+                                                       : -INFINITY;
         }
     }
 }

@@ -332,7 +332,12 @@ fmha_layer_path fmha_layer_get_path(const fmha_layer *layer, const char **reason
 const char *fmha_layer_path_name(fmha_layer_path path); /* "direct", "fp8", "fp8_fallback" */
 
 /* Runs attention. Every argument is validated before anything is written.
- * A layer may be used by one thread at a time. On the FP8 path, q, k and v
+ * A layer runs one call at a time: a call made while another thread's call
+ * on the same layer is running is refused (INVALID_ARGUMENT, nothing
+ * written); give each thread its own layer. Empty problems are answered as
+ * torch does: batch 0 or seqlen_q 0 (views of batch or seqlen 0 may have NULL
+ * data) write nothing and return OK; seqlen_k 0 gives every query row no
+ * key, so out is 0 and lse -inf there. On the FP8 path, q, k and v
  * must be finite (an infinity is INVALID_ARGUMENT, as in fmha_quantize_fp8)
  * and must not carry descales. */
 fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args);

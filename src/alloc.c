@@ -35,7 +35,8 @@ void *fmha_malloc(size_t bytes)
 
 void *fmha_calloc(size_t count, size_t size)
 {
-    return fmha_alloc_injected_failure() ? NULL : counted(calloc(count ? count : 1, size ? size : 1));
+    return fmha_alloc_injected_failure() ? NULL
+                                         : counted(calloc(count ? count : 1, size ? size : 1));
 }
 
 void *fmha_aligned_alloc(size_t align, size_t bytes)
@@ -43,7 +44,8 @@ void *fmha_aligned_alloc(size_t align, size_t bytes)
     if (bytes > (size_t)-1 - align)
         return NULL;
     bytes = (bytes + align - 1) / align * align;
-    return fmha_alloc_injected_failure() ? NULL : counted(aligned_alloc(align, bytes ? bytes : align));
+    return fmha_alloc_injected_failure() ? NULL
+                                         : counted(aligned_alloc(align, bytes ? bytes : align));
 }
 
 void fmha_free(void *ptr)

@@ -1,11 +1,13 @@
 /* layer.c — the layer object and the one-shot call: a plan made once at
  * fmha_layer_init (plan.c), then each forward validated once (validate.c),
  * refined for its views (fmha_plan_for_call) and run on the plan's backend. */
+#include "alloc.h"
 #include "backends.h"
 #include "layer_fp8.h"
 #include "select.h"
 #include "validate.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -30,6 +32,7 @@ struct fmha_layer {
     const fmha_backend *be;
     fmha_workspace ws;  /* the backend's host scratch */
     fmha_workspace fp8; /* FP8 path: q, k, v codes and scales, in the backend's memory */
+    atomic_int busy;    /* a call is running: a second thread's call is refused */
 };
 
 fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
@@ -38,12 +41,12 @@ fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg)
     if (!layer)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer out-pointer is NULL");
     *layer = NULL;
-    fmha_layer *l = calloc(1, sizeof *l);
+    fmha_layer *l = fmha_calloc(1, sizeof *l);
     if (!l)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory allocating a layer");
     fmha_status st = fmha_plan_make(cfg, &l->plan);
     if (st != FMHA_STATUS_OK) {
-        free(l);
+        fmha_free(l);
         return st;
     }
     l->cfg = *cfg;
@@ -57,9 +60,9 @@ void fmha_layer_free(fmha_layer *layer)
 {
     if (!layer)
         return;
-    free(layer->ws.buf);
+    fmha_free(layer->ws.buf);
     fmha_fp8_scratch_free(layer->be, &layer->fp8);
-    free(layer);
+    fmha_free(layer);
 }
 
 const fmha_config *fmha_layer_config(const fmha_layer *layer)
@@ -119,13 +122,9 @@ static fmha_status run(fmha_layer *l, fmha_problem *pb)
     return l->be->forward(&call, pb, &l->ws);
 }
 
-fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+/* A call on a layer that no other thread is using. */
+static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args)
 {
-    fmha_clear_error();
-    if (!layer)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
-    if (!args)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "forward args are NULL");
     /* Validation reads cu_seqlens on the host: a device backend copies them. */
     fmha_forward_args host = *args;
     int32_t *cq = NULL, *ck = NULL;
@@ -138,12 +137,32 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
         host.cu_seqlens_k = ck;
     }
     fmha_problem pb;
-    if ((st = fmha_validate_args(&layer->cfg, &host, &pb)) == FMHA_STATUS_OK) {
+    /* No query row: nothing to compute or write (torch's empty result). */
+    if ((st = fmha_validate_args(&layer->cfg, &host, &pb)) == FMHA_STATUS_OK && pb.batch > 0 &&
+        pb.max_sq > 0) {
         pb.args = args;
         st = run(layer, &pb);
     }
-    free(cq);
-    free(ck);
+    fmha_free(cq);
+    fmha_free(ck);
+    return st;
+}
+
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
+    if (!args)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "forward args are NULL");
+    /* The layer's scratch and its latest plan belong to one call at a time. */
+    if (atomic_exchange(&layer->busy, 1))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "the layer is running a call on another thread: a layer runs one "
+                              "call at a time (it owns that call's scratch); give each thread "
+                              "its own layer (fmha_layer_init)");
+    fmha_status st = forward(layer, args);
+    atomic_store(&layer->busy, 0);
     return st;
 }
 

@@ -81,17 +81,24 @@ static int add_overflows(int64_t a, int64_t b, int64_t *r)
     return __builtin_add_overflow(a, b, r);
 }
 
-fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
+/* A view's own consistency; `may_be_empty`: batch and seqlen may be 0 (a
+ * forward call's views, which then hold no element and may have no data). */
+static fmha_status check_tensor(const fmha_tensor *t, const char *name, int may_be_empty)
 {
-    if (!t->data)
-        return INVALID("%s.data is NULL", name);
     if ((unsigned)t->dtype > FMHA_DTYPE_F8_E4M3)
         return INVALID("%s.dtype (%d) is not a fmha_dtype value", name, (int)t->dtype);
     const int64_t dims[4] = {t->batch, t->seqlen, t->heads, t->head_dim};
     const char *dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+        if (may_be_empty && i < 2 && dims[i] == 0)
+            continue;
         if (dims[i] <= 0)
-            return INVALID("%s.%s (%lld) must be positive", name, dim_names[i], (long long)dims[i]);
+            return INVALID("%s.%s (%lld) must be %s", name, dim_names[i], (long long)dims[i],
+                           may_be_empty && i < 2 ? "non-negative" : "positive");
+    }
+    const int empty = t->batch == 0 || t->seqlen == 0;
+    if (!t->data && !empty)
+        return INVALID("%s.data is NULL", name);
     if (t->stride_dim != 1)
         return INVALID("%s.stride_dim (%lld) must be 1: the head_dim axis must be contiguous; "
                        "make the tensor contiguous in its last dimension first",
@@ -114,6 +121,11 @@ fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
         return INVALID("%s spans %lld elements: the byte size overflows int64", name,
                        (long long)extent);
     return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
+{
+    return check_tensor(t, name, 0);
 }
 
 static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total, const char *name,
@@ -209,7 +221,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
     const fmha_tensor *ts[4] = {&a->q, &a->k, &a->v, &a->out};
     const char *names[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; i++)
-        if ((st = fmha_validate_tensor(ts[i], names[i])) != FMHA_STATUS_OK)
+        if ((st = check_tensor(ts[i], names[i], 1)) != FMHA_STATUS_OK)
             return st;
 
     for (int i = 0; i < 3; i++)

@@ -42,7 +42,10 @@ static void problem_init(problem *p, int which, tu_rng *r)
     fmha_dtype dt = FMHA_DTYPE_BF16;
     switch (which) {
     case 0: p->name = "bf16, GQA, causal, LSE"; break;
-    case 1: p->name = "f32 packed batch"; dt = FMHA_DTYPE_F32; break;
+    case 1:
+        p->name = "f32 packed batch";
+        dt = FMHA_DTYPE_F32;
+        break;
     case 2:
         p->name = "fp8_compute per tensor";
         p->cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
@@ -64,7 +67,8 @@ static void problem_init(problem *p, int which, tu_rng *r)
     tu_fill_normal(&p->k, r, 1);
     tu_fill_normal(&p->v, r, 1);
     p->lse = malloc(sizeof(float) * (size_t)(B * H * s));
-    p->a = (fmha_forward_args){.q = p->q.t, .k = p->k.t, .v = p->v.t, .out = p->out.t, .lse = p->lse};
+    p->a =
+        (fmha_forward_args){.q = p->q.t, .k = p->k.t, .v = p->v.t, .out = p->out.t, .lse = p->lse};
     if (which == 1) { /* two sequences of 50 and 104 tokens */
         p->cu[1] = 50;
         p->cu[2] = (int32_t)s;
@@ -278,7 +282,8 @@ static void test_empty_problems(tu_rng *r)
                                .v = v.t,
                                .out = fmha_tensor_bshd(NULL, cfg.dtype, B, Sq, 4, 32)};
         fmha_status st = fmha_forward(&cfg, &a);
-        TU_CHECK(st == FMHA_STATUS_OK, "%s: %s", which ? "seqlen_q 0" : "batch 0", fmha_last_error());
+        TU_CHECK(st == FMHA_STATUS_OK, "%s: %s", which ? "seqlen_q 0" : "batch 0",
+                 fmha_last_error());
         st = fmha_reference_forward(&cfg, &a);
         TU_CHECK(st == FMHA_STATUS_OK, "reference, %s: %s", which ? "seqlen_q 0" : "batch 0",
                  fmha_last_error());

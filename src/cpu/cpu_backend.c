@@ -1,6 +1,7 @@
 /* cpu_backend.c — the CPU backend's table of operations (backend.h): the
  * flash-attention driver (cpu_flash.c), the FP8 quantizer (fp8.c) and the
  * fp8_smooth_k steps, all on host memory. */
+#include "../alloc.h"
 #include "cpu.h"
 #include "../backend.h"
 #include "../fp8.h"
@@ -47,7 +48,7 @@ static fmha_status cpu_forward(const fmha_plan *plan, const fmha_problem *pb, fm
 
 static fmha_status cpu_alloc(void **ptr, size_t bytes)
 {
-    if (!(*ptr = malloc(bytes)))
+    if (!(*ptr = fmha_malloc(bytes)))
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
                               "out of memory reserving %zu bytes of FP8 scratch", bytes);
     return FMHA_STATUS_OK;
@@ -121,7 +122,7 @@ const fmha_backend fmha_cpu_backend = {
     .host_cu_seqlens = NULL,
     .forward = cpu_forward,
     .alloc = cpu_alloc,
-    .free = free,
+    .free = fmha_free,
     .quantize_fp8 = fmha_fp8_quantize_cpu,
     .smooth_k_scratch = cpu_smooth_k_scratch,
     .smooth_k = cpu_smooth_k,

@@ -5,6 +5,7 @@
  * Tasks run under OpenMP and each is computed by one thread in a fixed order:
  * results do not depend on the thread count. The arithmetic and the moves
  * between tensors and tiles are the ISA's micro-kernels (cpu.h). */
+#include "../alloc.h"
 #include "cpu.h"
 
 #include <math.h>
@@ -93,7 +94,7 @@ static size_t scratch_size(const fmha_cpu_ops *ops, int64_t dp, int64_t dvp)
 
 void fmha_cpu_workspace_free(fmha_cpu_workspace *ws)
 {
-    free(ws->buf);
+    fmha_free(ws->buf);
     ws->buf = NULL;
     ws->size = 0;
 }
@@ -102,11 +103,11 @@ static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
 {
     if (ws->size >= size)
         return FMHA_STATUS_OK;
-    void *p = aligned_alloc(64, align64(size));
+    void *p = fmha_aligned_alloc(64, size);
     if (!p)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
                               "out of memory reserving %zu bytes of CPU workspace", size);
-    free(ws->buf);
+    fmha_free(ws->buf);
     ws->buf = p;
     ws->size = size;
     return FMHA_STATUS_OK;
@@ -277,7 +278,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
 
     /* Tasks: (sequence, head group, query tile), counts prefix-summed over sequences. */
     const int64_t P = heads_per_task(pb), tq = BR / P, groups = pb->heads / P;
-    int64_t *tile_start = malloc(sizeof(int64_t) * (size_t)(pb->batch + 1));
+    int64_t *tile_start = fmha_malloc(sizeof(int64_t) * (size_t)(pb->batch + 1));
     if (!tile_start)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory planning CPU tasks");
     tile_start[0] = 0;
@@ -303,7 +304,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
                              nthreads, per_thread)
             : workspace_reserve(ws, per_thread * (size_t)nthreads);
     if (st != FMHA_STATUS_OK) {
-        free(tile_start);
+        fmha_free(tile_start);
         return st;
     }
 
@@ -333,6 +334,6 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
             run_task(ops, &tk, &s, lo, local % groups, local / groups);
         }
     }
-    free(tile_start);
+    fmha_free(tile_start);
     return FMHA_STATUS_OK;
 }

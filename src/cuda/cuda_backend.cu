@@ -4,6 +4,7 @@
  * Hopper kernel in hopper/). The FP8 quantizer and fp8_smooth_k are
  * cuda_fp8.cu's. */
 #include "cuda_common.cuh"
+#include "../alloc.h"
 #include "../backend.h"
 
 #include <stdio.h>
@@ -40,6 +41,10 @@ extern "C" fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
 extern "C" fmha_status fmha_cuda_alloc(void **ptr, size_t bytes)
 {
     *ptr = nullptr;
+    if (fmha_alloc_injected_failure())
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "reserving %zu bytes of device scratch: allocation failure injected",
+                              bytes);
     cudaError_t err = cudaMalloc(ptr, bytes);
     if (err != cudaSuccess) {
         cudaGetLastError();
@@ -71,11 +76,11 @@ extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, in
     if (st != FMHA_STATUS_OK)
         return st;
     const size_t bytes = sizeof(int32_t) * (size_t)(a->varlen_batch + 1);
-    *q = (int32_t *)malloc(bytes);
-    *k = (int32_t *)malloc(bytes);
+    *q = (int32_t *)fmha_malloc(bytes);
+    *k = (int32_t *)fmha_malloc(bytes);
     if (!*q || !*k) {
-        free(*q);
-        free(*k);
+        fmha_free(*q);
+        fmha_free(*k);
         *q = *k = NULL;
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory copying cu_seqlens");
     }
@@ -83,8 +88,8 @@ extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, in
     if (err == cudaSuccess)
         err = cudaMemcpy(*k, a->cu_seqlens_k, bytes, cudaMemcpyDeviceToHost);
     if (err != cudaSuccess) {
-        free(*q);
-        free(*k);
+        fmha_free(*q);
+        fmha_free(*k);
         *q = *k = NULL;
         return cuda_error(err, "copying cu_seqlens to the host");
     }

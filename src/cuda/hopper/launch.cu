@@ -7,6 +7,7 @@
  *   kernel.cuh    hopper_fwd
  *   combine.cuh   the split-KV combine kernel
  *   fp8_vt.cuh    FP8's V transpose */
+#include "../../alloc.h"
 #include "combine.cuh"
 #include "fp8_vt.cuh"
 #include "kernel.cuh"
@@ -89,6 +90,8 @@ cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
     static std::mutex mu;
     static cudaMemPool_t pools[64];
+    if (fmha_alloc_injected_failure())
+        return cudaErrorMemoryAllocation;
     int dev = 0;
     cudaError_t err = cudaGetDevice(&dev);
     if (err != cudaSuccess)

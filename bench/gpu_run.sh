@@ -57,7 +57,11 @@ for step in "$@"; do
         FMHA_TEST_CASES=6 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_cuda > "$OUT/memcheck.log" 2>&1
         summary+=("memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
         FMHA_TEST_CASES=3 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 build-gpu/test_cuda > "$OUT/racecheck.log" 2>&1
-        summary+=("racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)") ;;
+        summary+=("racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)")
+        for tool in initcheck synccheck; do
+            FMHA_TEST_CASES=3 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/test_cuda > "$OUT/$tool.log" 2>&1
+            summary+=("$tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$tool.log" | tail -1)")
+        done ;;
     cli)
         { build-gpu/fmha info && build-gpu/fmha run --model flux-1024 --device cuda \
           && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \

@@ -188,10 +188,14 @@ typedef struct fmha_config {
     fmha_fp8_compute fp8_compute; /* default OFF; needs f32, f16 or bf16 cfg.dtype */
     int fp8_smooth_k;             /* 0 or 1: with fp8_compute, K's mean out first (above);
                                      no effect while fp8_compute is off */
+    int check_finite;             /* 0 or 1: each call first reads q, k and v and refuses NaN or inf
+                         (INVALID_ARGUMENT naming the tensor, the count and the first
+                         index; docs/reliability.md says what they would give) */
 } fmha_config;
 
 /* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),
- * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads, no FP8 compute. */
+ * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads, no FP8 compute,
+ * no finite check. */
 void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
 
 /* -------------------------------------------------------------- forward args */
@@ -337,7 +341,7 @@ const char *fmha_layer_path_name(fmha_layer_path path); /* "direct", "fp8", "fp8
  * written); give each thread its own layer. Empty problems are answered as
  * torch does: batch 0 or seqlen_q 0 (views of batch or seqlen 0 may have NULL
  * data) write nothing and return OK; seqlen_k 0 gives every query row no
- * key, so out is 0 and lse -inf there. On the FP8 path, q, k and v
+ * key, so out is 0 and lse -inf there (on the CPU; UNSUPPORTED on CUDA). On the FP8 path, q, k and v
  * must be finite (an infinity is INVALID_ARGUMENT, as in fmha_quantize_fp8)
  * and must not carry descales. */
 fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args);

@@ -53,6 +53,12 @@ typedef struct fmha_backend {
     /* Runs a validated call on the kernel of `plan` (fmha_plan_for_call's). */
     fmha_status (*forward)(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws);
 
+    /* The NaN and inf elements of a validated view (f8_e4m3: NaN codes): how
+     * many, and the [batch, seq, head, channel] of the first in that order
+     * (untouched when there is none). Synchronous. */
+    fmha_status (*count_non_finite)(const fmha_tensor *t, int64_t *count, int64_t first[4],
+                                    void *stream);
+
     /* Memory the kernels read (a layer's FP8 scratch), and its release. */
     fmha_status (*alloc)(void **ptr, size_t bytes);
     void (*free)(void *ptr);

@@ -107,7 +107,9 @@ const char *fmha_layer_path_name(fmha_layer_path path)
 static fmha_status run(fmha_layer *l, fmha_problem *pb)
 {
     fmha_kernel_info ran;
-    if (l->plan.path == FMHA_LAYER_PATH_FP8) {
+    /* Without keys there is nothing to quantize: the direct path answers
+     * (every row 0, lse -inf). */
+    if (l->plan.path == FMHA_LAYER_PATH_FP8 && pb->max_sk > 0) {
         fmha_status st = fmha_fp8_layer_forward(&l->plan, l->be, &l->fp8, &l->ws, pb, &ran);
         if (st == FMHA_STATUS_OK)
             l->last.kernel = &fmha_kernels[ran.id];
@@ -120,6 +122,29 @@ static fmha_status run(fmha_layer *l, fmha_problem *pb)
         return st;
     l->last = call;
     return l->be->forward(&call, pb, &l->ws);
+}
+
+/* cfg.check_finite: q, k and v hold no NaN or inf. */
+static fmha_status check_finite(const fmha_layer *l, const fmha_forward_args *a)
+{
+    if (!l->cfg.check_finite)
+        return FMHA_STATUS_OK;
+    const fmha_tensor *ts[3] = {&a->q, &a->k, &a->v};
+    const char *names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        int64_t n = 0, at[4] = {0, 0, 0, 0};
+        fmha_status st = l->be->count_non_finite(ts[i], &n, at, a->stream);
+        if (st != FMHA_STATUS_OK)
+            return st;
+        if (n > 0)
+            return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                                  "%s holds %lld NaN or inf value%s, the first at [batch, seq, "
+                                  "head, channel] = [%lld, %lld, %lld, %lld]; check_finite "
+                                  "refuses them (docs/reliability.md says what they would give)",
+                                  names[i], (long long)n, n == 1 ? "" : "s", (long long)at[0],
+                                  (long long)at[1], (long long)at[2], (long long)at[3]);
+    }
+    return FMHA_STATUS_OK;
 }
 
 /* A call on a layer that no other thread is using. */
@@ -139,7 +164,7 @@ static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args)
     fmha_problem pb;
     /* No query row: nothing to compute or write (torch's empty result). */
     if ((st = fmha_validate_args(&layer->cfg, &host, &pb)) == FMHA_STATUS_OK && pb.batch > 0 &&
-        pb.max_sq > 0) {
+        pb.max_sq > 0 && (st = check_finite(layer, args)) == FMHA_STATUS_OK) {
         pb.args = args;
         st = run(layer, &pb);
     }

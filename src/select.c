@@ -364,6 +364,12 @@ fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fm
     const fmha_forward_args *a = pb->args;
     *call = *plan;
     const fmha_kernel_desc *k = plan->kernel;
+    if (!pb->varlen && pb->max_sk == 0 && k->info.device != FMHA_DEVICE_CPU)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "seqlen_k 0 (no key for any query) is answered on the CPU only "
+                              "(out 0, lse -inf): on %s, skip the call and fill out with 0 "
+                              "and lse with -inf",
+                              k->info.name);
     if (a->q.dtype == FMHA_DTYPE_F8_E4M3 && !(k->descales >> a->descale_layout & 1u))
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "per-block descales (FMHA_DESCALE_PER_BLOCK) run on the CPU only: on "

@@ -58,6 +58,8 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
         return INVALID("num_threads (%d) must be >= 0 (0 = OpenMP's default)", cfg->num_threads);
     if ((unsigned)cfg->fp8_compute > FMHA_FP8_COMPUTE_PER_BLOCK)
         return INVALID("fp8_compute (%d) is not a fmha_fp8_compute value", (int)cfg->fp8_compute);
+    if (cfg->check_finite != 0 && cfg->check_finite != 1)
+        return INVALID("check_finite (%d) must be 0 or 1", cfg->check_finite);
     if (cfg->fp8_smooth_k != 0 && cfg->fp8_smooth_k != 1)
         return INVALID("fp8_smooth_k (%d) must be 0 or 1", cfg->fp8_smooth_k);
     if (cfg->fp8_smooth_k && cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF && cfg->softcap != 0)

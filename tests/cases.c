@@ -411,3 +411,123 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
     }
     return c;
 }
+
+void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t key_block, tcase_runner run)
+{
+    const int64_t s = 100, d = base->head_dim, H = 2, J = 70; /* J: a key past the first 64 */
+    const fmha_dtype dt = base->dtype;
+    for (int kind = 0; kind < 5; kind++) {
+        fmha_config cfg = *base;
+        cfg.causal = kind > 0 && kind < 4; /* rows < J do not see key J */
+        tu_tensor q, k, v, o, ref;
+        tu_tensor_init(&q, dt, 1, s, H, d, 0, 0);
+        tu_tensor_init(&k, dt, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&v, dt, 1, s, 1, d, 0, 0);
+        tu_tensor_init(&o, FMHA_DTYPE_F32, 1, s, H, d, 0, 0xFF);
+        tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, s, H, d, 0, 0);
+        float lse[2 * 100], lse_ref[2 * 100];
+        tu_fill_normal(&q, r, 1);
+        tu_fill_normal(&k, r, 1);
+        tu_fill_normal(&v, r, 1);
+        const char *what[5] = {"NaN in q[5, head 1]", "NaN in k[70]", "+inf in k[70, 3]",
+                               "NaN in v[70, 5]", "-inf in q[5, head 1] against k > 0"};
+        if (kind == 0)
+            tu_set(&q, 0, 5, 1, 3, NAN);
+        else if (kind == 1)
+            tu_set(&k, 0, J, 0, 3, NAN);
+        else if (kind == 2)
+            tu_set(&k, 0, J, 0, 3, INFINITY);
+        else if (kind == 3)
+            tu_set(&v, 0, J, 0, 5, NAN);
+        else {
+            tu_set(&q, 0, 5, 1, 3, -INFINITY); /* every score of that row -inf */
+            for (int64_t j = 0; j < s; j++)
+                tu_set(&k, 0, j, 0, 3, 0.5 + fabs(tu_get(&k, 0, j, 0, 3)));
+        }
+        fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t, .out = o.t, .lse = lse};
+        TU_CHECK(run(&cfg, &a) == FMHA_STATUS_OK, "%s: %s", what[kind], fmha_last_error());
+        a.out = o.t; /* the runner may have pointed it elsewhere */
+        a.out = ref.t;
+        a.lse = lse_ref;
+        TU_CHECK(fmha_reference_forward(&cfg, &a) == FMHA_STATUS_OK, "reference: %s",
+                 fmha_last_error());
+        const double tol = dt == FMHA_DTYPE_F32 ? 1e-4 : 5e-2;
+        int64_t wrong = 0, first_i = -1, first_h = -1;
+        for (int64_t i = 0; i < s; i++)
+            for (int64_t h = 0; h < H; h++) {
+                /* 1: the whole row must be NaN, and its LSE; 2: column 5 non-finite, the
+                 * rest exact; 3: a row of weightless keys, 0 with LSE -inf; 0: exact;
+                 * 4: column 5 not checked, the rest exact (rows before J whose key
+                 * block holds J: their weight 0 times NaN, kind 3) */
+                int want = 0;
+                if (kind == 0 && i == 5 && h == 1)
+                    want = 1;
+                if (kind == 1 && i >= J)
+                    want = 1;
+                if (kind == 2 && i >= J && tu_get(&q, 0, i, h, 3) > 0)
+                    want = 1; /* +inf score; q < 0 gives -inf: weight 0 */
+                if (kind == 3 && i >= J)
+                    want = 2;
+                if (kind == 3 && i < J && i / key_block == J / key_block)
+                    want = 4;
+                if (kind == 4 && i == 5 && h == 1)
+                    want = 3;
+                int ok = 1;
+                for (int64_t c = 0; c < d; c++) {
+                    const double x = tu_get(&o, 0, i, h, c), y = tu_get(&ref, 0, i, h, c);
+                    if (want == 1)
+                        ok &= isnan(x) && isnan(y);
+                    else if (want == 2 && c == 5)
+                        ok &= !isfinite(x) && !isfinite(y);
+                    else if (want == 3)
+                        ok &= x == 0 && y == 0;
+                    else if (want == 4 && c == 5)
+                        continue;
+                    else
+                        ok &= isfinite(x) && fabs(x - y) <= tol;
+                }
+                const float l = lse[h * s + i], lr = lse_ref[h * s + i];
+                if (want == 1)
+                    ok &= isnan(l) && isnan(lr);
+                else if (want == 3)
+                    ok &= l == -INFINITY && lr == -INFINITY;
+                else if (want == 0 || want == 4)
+                    ok &= fabs(l - lr) <= 1e-3 * (1 + fabs(lr));
+                if (!ok && wrong++ == 0)
+                    first_i = i, first_h = h;
+            }
+        /* check_finite refuses the same inputs, naming the value, and writes nothing */
+        const char *expect[5] = {"q holds 1 NaN or inf value, the first at [batch, seq, head, "
+                                 "channel] = [0, 5, 1, 3]",
+                                 "k holds 1 NaN or inf value, the first at [batch, seq, head, "
+                                 "channel] = [0, 70, 0, 3]",
+                                 "k holds 1 NaN or inf value, the first at [batch, seq, head, "
+                                 "channel] = [0, 70, 0, 3]",
+                                 "v holds 1 NaN or inf value, the first at [batch, seq, head, "
+                                 "channel] = [0, 70, 0, 5]",
+                                 "q holds 1 NaN or inf value, the first at [batch, seq, head, "
+                                 "channel] = [0, 5, 1, 3]"};
+        tu_tensor o2;
+        tu_tensor_init(&o2, FMHA_DTYPE_F32, 1, s, H, d, 0, 0xFF);
+        fmha_config checked = cfg;
+        checked.check_finite = 1;
+        a.out = o2.t;
+        fmha_status st = run(&checked, &a);
+        TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT && strstr(fmha_last_error(), expect[kind]) &&
+                     tu_gaps_untouched(&o2, 0xFF) && isnan(tu_get(&o2, 0, 0, 0, 0)),
+                 "check_finite, %s: %s (%s), expected \"%s\" with out untouched", what[kind],
+                 fmha_status_string(st), fmha_last_error(), expect[kind]);
+        tu_tensor_free(&o2);
+        TU_CHECK(wrong == 0,
+                 "%s, isa %s, %s inputs, %s: %lld rows break the policy (first: row %lld "
+                 "head %lld)",
+                 cfg.device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(cfg.cpu_isa),
+                 fmha_dtype_name(dt), what[kind], (long long)wrong, (long long)first_i,
+                 (long long)first_h);
+        tu_tensor_free(&q);
+        tu_tensor_free(&k);
+        tu_tensor_free(&v);
+        tu_tensor_free(&o);
+        tu_tensor_free(&ref);
+    }
+}

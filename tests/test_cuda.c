@@ -2,6 +2,7 @@
  * case list (cases.c) plus long sequences (1023, 4224, seqlen_q != seqlen_k),
  * the dropout mask compared bit for bit with the CPU's, and host pointers
  * refused. Exits 77 (ctest: skipped) where there is no CUDA device. */
+#include "alloc.h"
 #include "cases.h"
 #include "devmem.h"
 #include "testutil.h"
@@ -301,6 +302,77 @@ static void test_fp8_smooth_k_layer(int varlen)
     tu_tensor_free(&v);
 }
 
+/* Empty problems on CUDA (fmha.h): batch 0 is OK with nothing written;
+ * padded seqlen_k 0 is UNSUPPORTED with out untouched. Then each host and
+ * device allocation of an FP8 layer and of a split-KV call failed in turn:
+ * OUT_OF_MEMORY, nothing leaked, out untouched. */
+static void test_cuda_empty_and_faults(tu_rng *r)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, 2, 1, 128);
+    cfg.device = FMHA_DEVICE_CUDA;
+    fmha_forward_args a = {.q = fmha_tensor_bshd(NULL, cfg.dtype, 0, 7, 2, 128),
+                           .k = fmha_tensor_bshd(NULL, cfg.dtype, 0, 7, 1, 128),
+                           .v = fmha_tensor_bshd(NULL, cfg.dtype, 0, 7, 1, 128),
+                           .out = fmha_tensor_bshd(NULL, cfg.dtype, 0, 7, 2, 128)};
+    TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "cuda, batch 0: %s", fmha_last_error());
+    tu_tensor q, k, v, o;
+    tu_tensor_init(&q, cfg.dtype, 1, 7, 2, 128, 0, 0);
+    tu_tensor_init(&o, FMHA_DTYPE_F32, 1, 7, 2, 128, 0, 0xA5);
+    a.q = q.t;
+    a.out = o.t;
+    a.k = fmha_tensor_bshd(NULL, cfg.dtype, 1, 0, 1, 128);
+    a.v = a.k;
+    TU_CHECK(run_cuda(&cfg, &a) == FMHA_STATUS_UNSUPPORTED && tu_gaps_untouched(&o, 0xA5),
+             "cuda, seqlen_k 0: %s", fmha_last_error());
+    tu_tensor_free(&q);
+    tu_tensor_free(&o);
+
+    for (int which = 0; which < 2; which++) {
+        const int64_t S = which ? 4224 : 300;
+        fmha_config c = cfg;
+        c.fp8_compute = which ? FMHA_FP8_COMPUTE_OFF : FMHA_FP8_COMPUTE_PER_TENSOR;
+        if (which)
+            setenv("FMHA_CUDA_SCHEDULE", "split", 1);
+        tu_tensor_init(&q, c.dtype, 1, which ? 64 : S, 2, 128, 0, 0);
+        tu_tensor_init(&k, c.dtype, 1, S, 1, 128, 0, 0);
+        tu_tensor_init(&v, c.dtype, 1, S, 1, 128, 0, 0);
+        tu_tensor_init(&o, FMHA_DTYPE_BF16, 1, q.t.seqlen, 2, 128, 0, 0xA5);
+        tu_fill_normal(&q, r, 1);
+        tu_fill_normal(&k, r, 1);
+        tu_fill_normal(&v, r, 1);
+        fmha_forward_args b = {.q = q.t, .k = k.t, .v = v.t, .out = o.t};
+        int sites = -1;
+        for (long n = 0; n < 32 && sites < 0; n++) {
+            memset(o.alloc, 0xA5, o.alloc_bytes);
+            const long live = fmha_alloc_live();
+            fmha_alloc_fail_after(n);
+            fmha_status st = run_cuda(&c, &b);
+            fmha_alloc_fail_after(-1);
+            TU_CHECK(fmha_alloc_live() == live, "cuda %s: allocation %ld failed: leak",
+                     which ? "split" : "fp8", n + 1);
+            if (st == FMHA_STATUS_OK) {
+                sites = (int)n;
+                break;
+            }
+            int untouched = 1;
+            for (size_t i = 0; i < o.alloc_bytes; i++)
+                untouched &= ((unsigned char *)o.alloc)[i] == 0xA5;
+            TU_CHECK(st == FMHA_STATUS_OUT_OF_MEMORY && untouched,
+                     "cuda %s: allocation %ld failed: %s (%s), out %s", which ? "split" : "fp8",
+                     n + 1, fmha_status_string(st), fmha_last_error(),
+                     untouched ? "untouched" : "written");
+        }
+        printf("cuda %s: each of %d allocations failed in turn\n", which ? "split" : "fp8", sites);
+        TU_CHECK(sites > 0, "cuda %s: %d allocation sites", which ? "split" : "fp8", sites);
+        unsetenv("FMHA_CUDA_SCHEDULE");
+        tu_tensor_free(&q);
+        tu_tensor_free(&k);
+        tu_tensor_free(&v);
+        tu_tensor_free(&o);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (!tu_cuda_begin())
@@ -367,6 +439,15 @@ int main(int argc, char **argv)
         }
         unsetenv("FMHA_CUDA_SCHEDULE");
         unsetenv("FMHA_CUDA_CLUSTER");
+        /* The non-finite policy (docs/reliability.md), as on the CPU; key blocks of
+         * up to 256 keys may carry a NaN of v into rows before its key. */
+        for (int f = 0; f < 4; f++) {
+            fmha_config base;
+            fmha_config_init(&base, 2, 1, f < 2 ? 128 : 64);
+            base.device = FMHA_DEVICE_CUDA;
+            base.dtype = f % 2 ? FMHA_DTYPE_F16 : FMHA_DTYPE_BF16;
+            tcase_non_finite(&rng, &base, 256, run_cuda);
+        }
         space.fp8 = 0; /* the FP8 kernel has no portable twin: once is enough */
     }
     unsetenv("FMHA_CUDA_KERNEL");
@@ -504,6 +585,7 @@ int main(int argc, char **argv)
     test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);
     test_host_pointer_refused();
+    test_cuda_empty_and_faults(&rng);
     cudaStreamDestroy(stream);
     return tu_summary();
 }

@@ -290,8 +290,10 @@ static void test_empty_problems(tu_rng *r)
         tu_tensor_free(&k);
         tu_tensor_free(&v);
     }
-    /* seqlen_k 0: every row sees no key: out 0, lse -inf, on the kernel and the reference */
-    for (int ref = 0; ref < 2; ref++) {
+    /* seqlen_k 0: every row sees no key: out 0, lse -inf, on the kernel, an FP8 layer
+     * and the reference */
+    for (int ref = 0; ref < 3; ref++) {
+        cfg.fp8_compute = ref == 2 ? FMHA_FP8_COMPUTE_PER_TENSOR : FMHA_FP8_COMPUTE_OFF;
         tu_tensor q, o;
         tu_tensor_init(&q, cfg.dtype, 2, 5, 4, 32, 2, 0);
         tu_tensor_init(&o, cfg.dtype, 2, 5, 4, 32, 2, POISON);
@@ -303,9 +305,9 @@ static void test_empty_problems(tu_rng *r)
                                .v = fmha_tensor_bshd(NULL, cfg.dtype, 2, 0, 2, 32),
                                .out = o.t,
                                .lse = lse};
-        fmha_status st = ref ? fmha_reference_forward(&cfg, &a) : fmha_forward(&cfg, &a);
-        TU_CHECK(st == FMHA_STATUS_OK, "%sseqlen_k 0: %s", ref ? "reference, " : "",
-                 fmha_last_error());
+        fmha_status st = ref == 1 ? fmha_reference_forward(&cfg, &a) : fmha_forward(&cfg, &a);
+        const char *who = ref == 0 ? "" : ref == 1 ? "reference, " : "fp8_compute, ";
+        TU_CHECK(st == FMHA_STATUS_OK, "%sseqlen_k 0: %s", who, fmha_last_error());
         int bad = 0;
         for (int64_t b = 0; b < 2; b++)
             for (int64_t s = 0; s < 5; s++)
@@ -315,10 +317,11 @@ static void test_empty_problems(tu_rng *r)
         for (int i = 0; i < 40; i++)
             bad += lse[i] != -INFINITY;
         TU_CHECK(bad == 0 && tu_gaps_untouched(&o, POISON),
-                 "%sseqlen_k 0: %d values are not out 0 / lse -inf", ref ? "reference, " : "", bad);
+                 "%sseqlen_k 0: %d values are not out 0 / lse -inf", who, bad);
         tu_tensor_free(&q);
         tu_tensor_free(&o);
     }
+    cfg.fp8_compute = FMHA_FP8_COMPUTE_OFF;
     /* still refused: NULL data of a non-empty view, a negative batch */
     tu_tensor q;
     tu_tensor_init(&q, cfg.dtype, 1, 3, 4, 32, 0, 0);

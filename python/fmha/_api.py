@@ -95,8 +95,9 @@ class _Options:
     any truthy object as a flag), and for value by libfmha."""
 
     def __init__(self, causal, softmax_scale, window, softcap, dropout_p, fp8=None,
-                 fp8_smooth_k=False):
+                 fp8_smooth_k=False, check_finite=False):
         self.causal = T.flag(causal, "causal")
+        self.check_finite = T.flag(check_finite, "check_finite")
         if fp8 not in _FP8_MODES:
             raise ValueError("fp8 must be None, 'per_tensor' or 'per_block', got %r" % (fp8,))
         self.fp8 = fp8
@@ -130,6 +131,7 @@ class _Options:
         cfg.device = device
         cfg.fp8_compute = _FP8_MODES[self.fp8]
         cfg.fp8_smooth_k = int(self.fp8_smooth_k)
+        cfg.check_finite = int(self.check_finite)
         return cfg
 
 
@@ -397,16 +399,19 @@ class Attention:
     fp8_smooth_k=True subtracts K's per-channel mean before quantizing (the
     softmax ignores it; the LSE is corrected), which keeps channels with a
     large common offset from spoiling K's quantization; it needs softcap 0.
+    check_finite=True makes every call read q, k and v first and raise
+    ValueError on NaN or inf, naming the tensor and the first index.
     """
 
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
                  dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None,
-                 fp8=None, fp8_smooth_k=False):
+                 fp8=None, fp8_smooth_k=False, check_finite=False):
         self.num_heads = T.int64(num_heads, "num_heads")
         self.head_size = T.int64(head_size, "head_size")
         self.num_kv_heads = (self.num_heads if num_kv_heads is None
                              else T.int64(num_kv_heads, "num_kv_heads"))
-        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8, fp8_smooth_k)
+        self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8, fp8_smooth_k,
+                              check_finite)
         self._layers = {}
         self._lock = threading.Lock()
         self._last = None
@@ -426,6 +431,7 @@ class Attention:
     dropout_p = property(lambda self: self._opts.dropout_p)
     fp8 = property(lambda self: self._opts.fp8)
     fp8_smooth_k = property(lambda self: self._opts.fp8_smooth_k)
+    check_finite = property(lambda self: self._opts.check_finite)
 
     @property
     def fp8_path(self):

@@ -82,6 +82,7 @@ class Config(Structure):
         ("num_threads", c_int),
         ("fp8_compute", c_int),
         ("fp8_smooth_k", c_int),
+        ("check_finite", c_int),
     ]
 
 

@@ -171,3 +171,18 @@ def test_flags_and_sizes_of_calls_checked_before_ctypes(rng):
     cu = np.array([0, 8], np.int32)
     with pytest.raises(ValueError, match=r"max_seqlen_q \(18446744073709551624\) is out of range"):
         fmha.varlen_attention(packed, packed, packed, cu, cu, 2**64 + 8, 8)
+
+
+def test_check_finite_refuses_nan_and_inf(rng):
+    q = ref.make(rng, (1, 9, 2, 16), "f32")
+    k, v = q.copy(), q.copy()
+    k[0, 4, 1, 7] = np.inf
+    plain = fmha.Attention(2, 16)
+    checked = fmha.Attention(2, 16, check_finite=True)
+    assert checked.check_finite is True
+    with pytest.raises(ValueError, match=r"k holds 1 NaN or inf value, the first at "
+                                         r"\[batch, seq, head, channel\] = \[0, 4, 1, 7\]"):
+        checked(q, k, v)
+    np.testing.assert_array_equal(checked(q, q, q), plain(q, q, q))
+    with pytest.raises(TypeError, match="check_finite must be True or False"):
+        fmha.Attention(2, 16, check_finite="yes")

@@ -111,6 +111,26 @@ static fmha_status cpu_unsmooth_lse(const fmha_problem *pb, const fmha_tensor *q
     return FMHA_STATUS_OK;
 }
 
+static fmha_status cpu_count_non_finite(const fmha_tensor *t, int64_t *count, int64_t first[4],
+                                        void *stream)
+{
+    (void)stream;
+    *count = 0;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++) {
+                const char *row = fmha_row(t, b, s, h);
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    if (isfinite(fmha_load_f32(row, t->dtype, c)))
+                        continue;
+                    if ((*count)++ == 0) {
+                        first[0] = b, first[1] = s, first[2] = h, first[3] = c;
+                    }
+                }
+            }
+    return FMHA_STATUS_OK;
+}
+
 const fmha_backend fmha_cpu_backend = {
     .device = FMHA_DEVICE_CPU,
     .name = "cpu",
@@ -121,6 +141,7 @@ const fmha_backend fmha_cpu_backend = {
     .plan_variant = cpu_plan_variant,
     .host_cu_seqlens = NULL,
     .forward = cpu_forward,
+    .count_non_finite = cpu_count_non_finite,
     .alloc = cpu_alloc,
     .free = fmha_free,
     .quantize_fp8 = fmha_fp8_quantize_cpu,

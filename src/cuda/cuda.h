@@ -1,7 +1,7 @@
 /* cuda.h — the CUDA backend's entry points, callable from C. Built only when
  * CMake finds nvcc (FMHA_HAVE_CUDA). The layer reaches them through
  * fmha_cuda_backend (backend.h, defined in cuda_backend.cu); cuda_fp8.cu
- * holds the FP8 quantizer and fp8_smooth_k. */
+ * holds the FP8 quantizer and fp8_smooth_k, cuda_check.cu the finite check. */
 #ifndef FMHA_CUDA_H
 #define FMHA_CUDA_H
 
@@ -17,6 +17,11 @@ extern "C" {
  * NULL (and returns OK) when there is nothing sensible to copy; validation
  * then reports the arguments. */
 fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **q, int32_t **k);
+
+/* fmha_backend.count_non_finite: one launch on `stream` over t (device
+ * memory), then a synchronous copy of the count and the first index. */
+fmha_status fmha_cuda_count_non_finite(const fmha_tensor *t, int64_t *count, int64_t first[4],
+                                       void *stream);
 
 /* Device memory for a layer's scratch (cudaMalloc), and its release
  * (NULL is fine). */

@@ -186,6 +186,7 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     cuda_plan_variant,
     fmha_cuda_fetch_cu_seqlens,
     cuda_forward,
+    fmha_cuda_count_non_finite,
     fmha_cuda_alloc,
     fmha_cuda_free,
     fmha_cuda_quantize_fp8,

@@ -21,12 +21,10 @@ enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 16 };
 
 /* AUTO's ISA: the best detected, except that avx512-bf16 (bf16 inputs on the
  * vdpbf16ps kernel) is taken over avx512 (the f32 one) only where vdpbf16ps
- * has twice the FMA's rate. Measured on 2 threads
- * (bench/RESULTS.md): AMD Zen 5, vdpbf16ps 878-897 GFLOP/s against f32 FMA
- * 472-481, bf16 kernel 1.76x the f32 one; an Intel Xeon VM, vdpbf16ps
- * 117-156 against 230-314, the f32 kernel ~1.4x faster on bf16 inputs. Intel
- * documents vdpbf16ps at the FMA's FLOP rate at best, so AVX512_BF16 on AMD
- * only. */
+ * has twice the FMA's rate: on AMD, where the bf16 kernel is the faster; on
+ * Intel, whose vdpbf16ps runs at the FMA's FLOP rate at best, the f32 kernel
+ * is (bench/RESULTS.md, "CPU forward" and "bf16 inputs on an Intel CPU",
+ * hold the measured rates). */
 fmha_cpu_isa fmha_cpu_isa_auto(void);
 
 /* Scratch owned by a layer: one slice per thread, grown on demand. */

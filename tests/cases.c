@@ -412,9 +412,10 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
     return c;
 }
 
-void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t key_block, tcase_runner run)
+void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t s, int64_t key_block,
+                      tcase_runner run)
 {
-    const int64_t s = 100, d = base->head_dim, H = 2, J = 70; /* J: a key past the first 64 */
+    const int64_t d = base->head_dim, H = 2, J = 70; /* J: a key past the first 64 */
     const fmha_dtype dt = base->dtype;
     for (int kind = 0; kind < 5; kind++) {
         fmha_config cfg = *base;
@@ -425,7 +426,7 @@ void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t key_block, tca
         tu_tensor_init(&v, dt, 1, s, 1, d, 0, 0);
         tu_tensor_init(&o, FMHA_DTYPE_F32, 1, s, H, d, 0, 0xFF);
         tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, s, H, d, 0, 0);
-        float lse[2 * 100], lse_ref[2 * 100];
+        float *lse = malloc(sizeof(float) * (size_t)(2 * H * s)), *lse_ref = lse + H * s;
         tu_fill_normal(&q, r, 1);
         tu_fill_normal(&k, r, 1);
         tu_fill_normal(&v, r, 1);
@@ -529,5 +530,6 @@ void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t key_block, tca
         tu_tensor_free(&v);
         tu_tensor_free(&o);
         tu_tensor_free(&ref);
+        free(lse);
     }
 }

@@ -45,11 +45,12 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run);
 
 /* The non-finite policy (docs/reliability.md) on `run`'s backend with the
  * configuration `base` (its device, ISA, dtype and head dim; 2 query heads
- * on 1 KV head), and the float64 reference keeping the same one: a NaN or
+ * on 1 KV head) over s > 70 tokens, and the float64 reference keeping the same one: a NaN or
  * +inf score makes its row and LSE NaN in both, a row of -inf scores is 0
  * with LSE -inf, a NaN in v makes its column non-finite in the rows that
  * see its key (and may in rows before it whose `key_block`-key block holds
  * it), and every other row matches the reference. */
-void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t key_block, tcase_runner run);
+void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t s, int64_t key_block,
+                      tcase_runner run);
 
 #endif

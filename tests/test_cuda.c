@@ -440,13 +440,17 @@ int main(int argc, char **argv)
         unsetenv("FMHA_CUDA_SCHEDULE");
         unsetenv("FMHA_CUDA_CLUSTER");
         /* The non-finite policy (docs/reliability.md), as on the CPU; key blocks of
-         * up to 256 keys may carry a NaN of v into rows before its key. */
-        for (int f = 0; f < 4; f++) {
+         * up to 256 keys may carry a NaN of v into rows before its key. 3000 keys on
+         * the split schedule: a NaN piece must reach the combined row. */
+        for (int f = 0; f < 5; f++) {
             fmha_config base;
-            fmha_config_init(&base, 2, 1, f < 2 ? 128 : 64);
+            fmha_config_init(&base, 2, 1, f == 2 || f == 3 ? 64 : 128);
             base.device = FMHA_DEVICE_CUDA;
             base.dtype = f % 2 ? FMHA_DTYPE_F16 : FMHA_DTYPE_BF16;
-            tcase_non_finite(&rng, &base, 256, run_cuda);
+            if (f == 4)
+                setenv("FMHA_CUDA_SCHEDULE", "split", 1);
+            tcase_non_finite(&rng, &base, f == 4 ? 3000 : 100, 256, run_cuda);
+            unsetenv("FMHA_CUDA_SCHEDULE");
         }
         space.fp8 = 0; /* the FP8 kernel has no portable twin: once is enough */
     }

@@ -196,7 +196,7 @@ int main(int argc, char **argv)
             fmha_config_init(&base, 2, 1, 32);
             base.cpu_isa = isas[i];
             base.dtype = f ? FMHA_DTYPE_BF16 : FMHA_DTYPE_F32;
-            tcase_non_finite(&rng, &base, 64, fmha_forward);
+            tcase_non_finite(&rng, &base, 100, 64, fmha_forward);
         }
     }
     test_dropout_statistics(&rng);

@@ -10,9 +10,9 @@ namespace
 struct check_params {
     const char *data;
     int64_t batch, seqlen, heads, d;
-    int64_t s_b, s_s, s_h; /* strides in bytes */
-    int bytes;             /* per element: 4, 2 or 1 */
-    uint32_t mask;         /* exponent bits of the element */
+    int64_t s_b, s_s, s_h;             /* strides in bytes */
+    int bytes;                         /* per element: 4, 2 or 1 */
+    uint32_t mask;                     /* exponent bits of the element */
     unsigned long long *count, *first; /* first: row-major [b][s][h][c] index */
 };
 
@@ -54,8 +54,8 @@ extern "C" fmha_status fmha_cuda_count_non_finite(const fmha_tensor *t, int64_t 
     p.batch = t->batch, p.seqlen = t->seqlen, p.heads = t->heads, p.d = t->head_dim;
     p.s_b = t->stride_batch * es, p.s_s = t->stride_seq * es, p.s_h = t->stride_head * es;
     p.bytes = es;
-    p.mask = es == 4 ? 0x7f800000u
-             : es == 1 ? 0x7fu
+    p.mask = es == 4                       ? 0x7f800000u
+             : es == 1                     ? 0x7fu
              : t->dtype == FMHA_DTYPE_BF16 ? 0x7f80u
                                            : 0x7c00u;
     void *buf;

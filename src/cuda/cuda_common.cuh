@@ -227,7 +227,8 @@ __device__ __forceinline__ void store_lse(const flash_params &p, const block_spa
 {
     const int64_t idx = p.varlen ? (int64_t)s.h * p.total_q + s.q0 + s.m0 + r
                                  : ((int64_t)s.b * p.heads + s.h) * s.sq + s.m0 + r;
-    p.lse[idx] = l > 0.0f ? (m_log2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    /* A NaN row (docs/reliability.md) keeps a NaN LSE; a row of no key -inf. */
+    p.lse[idx] = l > 0.0f || l != l ? (m_log2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
 }
 
 inline fmha_status cuda_error(cudaError_t err, const char *what)

@@ -328,7 +328,10 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     if (r >= rows)
                         continue;
                     if (lane % 4 == 0)
-                        pl[r] = l_sum[rh] > 0.0f ? m_row[rh] - shift + log2f(l_sum[rh]) : -INFINITY;
+                        /* NaN for a NaN piece, so that the combine keeps it */
+                        pl[r] = l_sum[rh] > 0.0f || l_sum[rh] != l_sum[rh]
+                                    ? m_row[rh] - shift + log2f(l_sum[rh])
+                                    : -INFINITY;
                     /* Columns c and c + 1 in one 8-byte store (c even; a column
                  * past dv lands in the row's padding, which the merge skips). */
                     float *prow = po + (int64_t)r * D + (lane % 4) * 2;

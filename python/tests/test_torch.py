@@ -176,3 +176,21 @@ def test_cuda_errors():
     q16 = q.half()
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         fmha.attention(q16, q16.cpu(), q16)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_flash_attn_combine_torch(device):
+    """fmha.flash_attn_interface.flash_attn_combine on torch tensors: the
+    same answer as on numpy arrays, on the tensors' device."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from fmha import flash_attn_interface as fa3
+    g = torch.Generator().manual_seed(5)
+    op = torch.randn((3, 2, 5, 4, 8), generator=g)
+    lp = torch.randn((3, 2, 5, 4), generator=g)
+    lp[:, 0, 0, 0] = -float("inf")
+    want, want_lse = fa3.flash_attn_combine(op.numpy(), lp.numpy())
+    out, lse = fa3.flash_attn_combine(op.to(device), lp.to(device))
+    assert out.device.type == device and out.dtype == torch.float32
+    np.testing.assert_allclose(f64(out), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(f64(lse), want_lse, rtol=1e-5, atol=1e-6)

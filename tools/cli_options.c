@@ -157,7 +157,10 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
     o->window_left = o->window_right = -1;
     o->dtype = FMHA_DTYPE_BF16;
     o->seed = 0;
-    optind = 1;
+    /* 0, not 1: glibc then starts afresh, forgetting where a previous call
+     * stopped inside a word (-h in a cluster such as -hx leaves it pointing
+     * at the x, possibly in a word freed since). */
+    optind = 0;
     int c;
     int64_t v;
     while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {

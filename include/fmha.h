@@ -92,8 +92,15 @@ size_t fmha_dtype_size(fmha_dtype dtype);      /* bytes per element, 0 if unknow
 
 /* A 4-d view [batch, seqlen, heads, head_dim] with strides in elements.
  * stride_dim must be 1 (the last dimension is contiguous); the other strides
- * are free, so BSHD tensors and BHSD views (torch's transpose(1, 2)) are both
- * taken without copies.
+ * are free (>= 0), so BSHD tensors and BHSD views (torch's transpose(1, 2)) are
+ * both taken without copies, and a stride of 0 broadcasts an input.
+ *
+ * The rows of `out` must not overlap: along each dim of size > 1 its stride
+ * is at least head_dim (else INVALID_ARGUMENT), since overlapping rows would
+ * hold whichever write came last. Overlaps that only two dims make together,
+ * and out sharing memory with q, k, v or lse, are not detected and leave the
+ * output undefined; the one exception is out being q's very view (same data,
+ * strides and dtype, head_dim_v = head_dim), which the CPU computes in place.
  *
  * A packed variable-length tensor [total_tokens, heads, head_dim] is a view
  * with batch = 1 and seqlen = total_tokens (fmha_tensor_packed builds one). */

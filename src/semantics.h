@@ -21,12 +21,15 @@
 FMHA_HD void fmha_mask_range(int causal, int64_t window_left, int64_t window_right, int64_t i,
                              int64_t sq, int64_t sk, int64_t *lo, int64_t *hi)
 {
-    int64_t diag = i + sk - sq;
+    /* Windows may be as large as int64 allows, so each bound is compared
+     * before it is formed: diag + right + 1 and diag - left are computed only
+     * where they land inside [0, sk), and diag itself within [sk - sq, sk). */
+    int64_t diag = sk - (sq - i);
     int64_t l = 0, h = sk;
     int64_t right = causal ? 0 : window_right;
-    if (right >= 0 && diag + right + 1 < h)
+    if (right >= 0 && right < sk - 1 - diag) /* i.e. diag + right + 1 < sk */
         h = diag + right + 1;
-    if (window_left >= 0 && diag - window_left > l)
+    if (window_left >= 0 && window_left < diag) /* i.e. diag - window_left > 0 */
         l = diag - window_left;
     if (h < l)
         h = l;

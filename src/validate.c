@@ -252,6 +252,22 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         return INVALID("v.head_dim (%lld) and out.head_dim (%lld) must equal head_dim_v (%lld)",
                        (long long)a->v.head_dim, (long long)a->out.head_dim,
                        (long long)cfg->head_dim_v);
+    /* Rows of out that share memory would each be written by whichever task
+     * comes last, so the result would depend on the thread schedule. Along one
+     * dim the overlap is certain when the stride is below the row's length
+     * (0: a broadcast view, which suits inputs only); overlaps across two
+     * dims are not looked for (fmha.h). */
+    const int64_t out_dims[3] = {a->out.batch, a->out.seqlen, a->out.heads};
+    const int64_t out_strides[3] = {a->out.stride_batch, a->out.stride_seq, a->out.stride_head};
+    const char *out_names[3] = {"batch", "seqlen", "heads"};
+    const char *out_stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
+    for (int i = 0; i < 3; i++)
+        if (out_dims[i] > 1 && out_strides[i] < a->out.head_dim)
+            return INVALID("out.%s (%lld) is below out.head_dim (%lld) with out.%s %lld: rows of "
+                           "out would overlap, and what they hold would depend on the order of "
+                           "the writes; give each row of out its own memory",
+                           out_stride_names[i], (long long)out_strides[i],
+                           (long long)a->out.head_dim, out_names[i], (long long)out_dims[i]);
     if (a->q.batch != a->k.batch || a->q.batch != a->v.batch || a->q.batch != a->out.batch)
         return INVALID("batch sizes differ: q %lld, k %lld, v %lld, out %lld",
                        (long long)a->q.batch, (long long)a->k.batch, (long long)a->v.batch,

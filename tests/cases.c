@@ -23,24 +23,6 @@ static void describe(const tcase *c, char *buf, size_t n)
         (long long)c->dblock, c->ramp);
 }
 
-/* Max |x - ref| over the output view, with -inf LSE handled. */
-static double out_err(const tu_tensor *x, const tu_tensor *ref, int *bad)
-{
-    double e = 0;
-    const fmha_tensor *t = &x->t;
-    for (int64_t b = 0; b < t->batch; b++)
-        for (int64_t s = 0; s < t->seqlen; s++)
-            for (int64_t h = 0; h < t->heads; h++)
-                for (int64_t c = 0; c < t->head_dim; c++) {
-                    double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
-                    if (!isfinite(a))
-                        *bad = 1;
-                    if (fabs(a - r) > e)
-                        e = fabs(a - r);
-                }
-    return e;
-}
-
 /* The largest finite |LSE| of the reference: about its largest score. */
 static double lse_absmax(const float *ref, int64_t n)
 {
@@ -259,7 +241,7 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
 
     if (ok) {
         int bad = 0, nbad = 0;
-        double e = out_err(&out, &ref, &bad), en = out_err(&naive, &ref, &nbad);
+        double e = tu_max_err(&out, &ref, &bad), en = tu_max_err(&naive, &ref, &nbad);
         /* With packed tensors of zero total tokens the placeholder token is not
          * part of any sequence: it must stay poisoned. */
         int empty = c->varlen && (cuq[c->batch] == 0);
@@ -306,7 +288,7 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
             st = fmha_reference_forward(&c32, &a32);
             TU_CHECK(st == FMHA_STATUS_OK, "%s: f32 reference failed: %s", desc, fmha_last_error());
             int b32 = 0;
-            double er = out_err(&ref, &ref32, &b32), ek = out_err(&out, &ref32, &b32);
+            double er = tu_max_err(&ref, &ref32, &b32), ek = tu_max_err(&out, &ref32, &b32);
             TU_CHECK(er <= 1e-5,
                      "%s: the reference on FP8 differs from the reference on its "
                      "dequantized f32 inputs by %.3g",

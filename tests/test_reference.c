@@ -641,9 +641,71 @@ static void test_hand_cases(void)
     }
 }
 
+/* Windows of INT64_MAX keys reach every key, as -1 does, in the reference
+ * and the CPU kernel alike, with sq above and below sk. The mask's arithmetic
+ * overflowed int64 on them (diag + right + 1, diag - left): UB that in
+ * practice emptied every row (found by fuzz_forward under UBSan). */
+static void test_huge_windows(void)
+{
+    enum { H = 2, D = 8 };
+    float q[6 * H * D], k[6 * H * D], v[6 * H * D], out[6 * H * D], want[6 * H * D];
+    tu_rng rng = {7};
+    for (int i = 0; i < 6 * H * D; i++) {
+        q[i] = (float)tu_normal(&rng);
+        k[i] = (float)tu_normal(&rng);
+        v[i] = (float)tu_normal(&rng);
+    }
+    const int64_t shapes[3][2] = {{4, 2}, {2, 6}, {3, 3}};
+    const int64_t wins[3][2] = {{INT64_MAX, -1}, {-1, INT64_MAX}, {INT64_MAX, INT64_MAX}};
+    for (int sh = 0; sh < 3; sh++)
+        for (int causal = 0; causal < 2; causal++)
+            for (int w = 0; w < 3; w++) {
+                const int64_t sq = shapes[sh][0], sk = shapes[sh][1];
+                fmha_config cfg;
+                fmha_config_init(&cfg, H, H, D);
+                cfg.dtype = FMHA_DTYPE_F32;
+                cfg.causal = causal;
+                TU_CHECK(run_small(&cfg, sq, sk, q, k, v, want, NULL, 0, 0) == FMHA_STATUS_OK, "%s",
+                         fmha_last_error());
+                cfg.window_left = wins[w][0];
+                cfg.window_right = wins[w][1];
+                for (int kernel = 0; kernel < 2; kernel++) {
+                    memset(out, 0xFF, sizeof out);
+                    fmha_status st;
+                    if (kernel) {
+                        fmha_forward_args a;
+                        memset(&a, 0, sizeof a);
+                        a.q = fmha_tensor_bshd(q, FMHA_DTYPE_F32, 1, sq, H, D);
+                        a.k = fmha_tensor_bshd(k, FMHA_DTYPE_F32, 1, sk, H, D);
+                        a.v = fmha_tensor_bshd(v, FMHA_DTYPE_F32, 1, sk, H, D);
+                        a.out = fmha_tensor_bshd(out, FMHA_DTYPE_F32, 1, sq, H, D);
+                        st = fmha_forward(&cfg, &a);
+                    } else {
+                        st = run_small(&cfg, sq, sk, q, k, v, out, NULL, 0, 0);
+                    }
+                    int same = st == FMHA_STATUS_OK;
+                    for (int i = 0; same && i < sq * H * D; i++)
+                        same = near(out[i], want[i], 1e-5);
+                    TU_CHECK(same,
+                             "%s: sq %lld sk %lld causal %d windows (%lld, %lld) differ from no "
+                             "window (%s)",
+                             kernel ? "fmha_forward" : "reference", (long long)sq, (long long)sk,
+                             causal, (long long)cfg.window_left, (long long)cfg.window_right,
+                             fmha_last_error());
+                }
+            }
+    fmha_config cfg; /* FLOPs count the same pairs as without a window */
+    fmha_config_init(&cfg, H, H, D);
+    const double full = fmha_flops(&cfg, 1, 4, 2);
+    cfg.window_left = cfg.window_right = INT64_MAX;
+    TU_CHECK(fmha_flops(&cfg, 1, 4, 2) == full, "fmha_flops with INT64_MAX windows: %g, want %g",
+             fmha_flops(&cfg, 1, 4, 2), full);
+}
+
 int main(void)
 {
     test_hand_cases();
+    test_huge_windows();
     test_against_brute_force();
     printf("%lld cases against the brute force (%lld with random dropout, %lld fully masked "
            "rows, %lld empty sequences)\n",

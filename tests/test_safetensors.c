@@ -100,6 +100,24 @@ static void expect_fail(int line, const char *what, const char *path, st_status 
                st_status_string(st), err, st_status_string(want), sub);
     }
     st_free(&f);
+
+    /* The same bytes in memory: st_read_mem must say exactly what st_read said. */
+    size_t len = 0;
+    unsigned char *raw = want == ST_ERR_FORMAT ? read_bytes(path, &len) : NULL;
+    if (raw != NULL) {
+        char merr[512] = "";
+        st = st_read_mem(raw, len, path, &f, merr, sizeof merr);
+        ok = st == want && strcmp(merr, err) == 0 && f.tensors == NULL && f.count == 0;
+        if (ok) {
+            tu_passed++;
+        } else {
+            tu_failed++;
+            printf("FAIL line %d (%s, in memory): got %s \"%s\", want %s \"%s\"\n", line, what,
+                   st_status_string(st), merr, st_status_string(want), err);
+        }
+        st_free(&f);
+        free(raw);
+    }
 }
 
 /* One header with `data_bytes` of zero data must be refused with `sub` in the message. */
@@ -297,6 +315,19 @@ static void test_round_trip(void)
         unsigned char *raw2 = read_bytes(p2, &len2);
         CHECK(raw2 && len2 == len && memcmp(raw, raw2, len) == 0, "rewrite is identical");
         free(raw2);
+
+        /* The file's bytes in memory read as the file does. */
+        st_file m;
+        st = st_read_mem(raw, len, p, &m, err, sizeof err);
+        CHECK(st == ST_OK, "read from memory: %s", err);
+        int same = st == ST_OK && m.count == f.count && m.meta_count == f.meta_count;
+        for (int i = 0; same && i < f.count; i++)
+            same = same_tensor(&m.tensors[i], &f.tensors[i]) &&
+                   (uintptr_t)m.tensors[i].data % st_dtype_size(m.tensors[i].dtype) == 0;
+        for (int i = 0; same && i < 2 * f.meta_count; i++)
+            same = strcmp(m.meta_kv[i], f.meta_kv[i]) == 0;
+        CHECK(same, "st_read_mem gives what st_read gives, data aligned");
+        st_free(&m);
         st_free(&f);
         CHECK(f.tensors == NULL && f.count == 0, "st_free zeroes");
         st_free(&f); /* twice is harmless */
@@ -600,6 +631,15 @@ static void test_corrupt(void)
     /* Not a file. */
     expect_fail(__LINE__, "missing file", tpath("does-not-exist"), ST_ERR_IO, "cannot open");
     expect_fail(__LINE__, "directory", g_dir, ST_ERR_IO, "");
+    {
+        st_file f;
+        char err[512] = "";
+        CHECK(st_read_mem(NULL, 8, "x", &f, err, sizeof err) == ST_ERR_ARG && err[0],
+              "st_read_mem of NULL data");
+        CHECK(st_read_mem(NULL, 0, NULL, &f, err, sizeof err) == ST_ERR_FORMAT &&
+                  strstr(err, "(memory): file is 0 bytes") == err && f.tensors == NULL,
+              "st_read_mem of no bytes: %s", err);
+    }
 
     /* A NULL or tiny error buffer is fine. */
     st_file f;

@@ -298,7 +298,8 @@ static void test_tensor_dims(void)
     f.a.k.stride_batch = (int64_t)1 << 61;
     expect("k byte size", &f, INVALID, "byte size overflows int64", AT_FORWARD, REF_CHECK);
 
-    fx_init(&f); /* batch 2^20 x heads 2^12 > 2^31, with all-zero strides so the extent is tiny */
+    fx_init(&f); /* batch 2^20 x heads 2^12 > 2^31, inputs with all-zero strides so the extent
+                    is tiny; out's rows may not overlap (its extent is only computed) */
     fmha_config_init(&f.cfg, (int64_t)1 << 12, 1, D);
     f.cfg.dtype = FMHA_DTYPE_F32;
     fmha_tensor *ts[4] = {&f.a.q, &f.a.k, &f.a.v, &f.a.out};
@@ -310,7 +311,45 @@ static void test_tensor_dims(void)
         ts[t]->head_dim = D;
         ts[t]->stride_batch = ts[t]->stride_seq = ts[t]->stride_head = 0;
     }
+    f.a.out = fmha_tensor_bshd(dummy, FMHA_DTYPE_F32, (int64_t)1 << 20, 1, (int64_t)1 << 12, D);
     expect("batch x heads > 2^31", &f, INVALID, "batch x heads", AT_FORWARD, REF_CHECK);
+}
+
+/* Rows of out that overlap along one dim (a stride below head_dim_v, 0
+ * included) are refused: which row's write would land there depends on the
+ * thread schedule (fuzz_forward found out.stride_seq = 0 taken, the answer
+ * then differing from the reference's). Inputs may broadcast with stride 0,
+ * and a dim of size 1 may have any stride. */
+static void test_out_overlap(void)
+{
+    const char *snames[3] = {"stride_batch", "stride_seq", "stride_head"};
+    const int64_t bad[2] = {0, DV - 1};
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 2; i++) {
+            fixture f;
+            fx_init(&f);
+            int64_t *field[3] = {&f.a.out.stride_batch, &f.a.out.stride_seq, &f.a.out.stride_head};
+            *field[s] = bad[i];
+            char what[64], phrase[96];
+            snprintf(what, sizeof what, "out.%s = %lld", snames[s], (long long)bad[i]);
+            snprintf(phrase, sizeof phrase, "out.%s (%lld) is below out.head_dim (%d)", snames[s],
+                     (long long)bad[i], DV);
+            expect(what, &f, INVALID, phrase, AT_FORWARD, REF_CHECK);
+            TU_CHECK(strstr(fmha_last_error(), "rows of out would overlap") != NULL,
+                     "%s: the message says why: %s", what, fmha_last_error());
+        }
+
+    fixture f; /* k and v broadcast over the batch (stride 0): fine */
+    fx_init(&f);
+    f.a.k.stride_batch = f.a.v.stride_batch = 0;
+    poison(&f);
+    TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "k, v with stride_batch 0: %s",
+             fmha_last_error());
+    fx_init(&f); /* out with one batch entry: its stride_batch is never used */
+    f.a.q.batch = f.a.k.batch = f.a.v.batch = f.a.out.batch = 1;
+    f.a.out.stride_batch = 0;
+    TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "out.batch 1, stride_batch 0: %s",
+             fmha_last_error());
 }
 
 /* batch 2^33 x heads 2^31 = 2^64 wraps to 0 in int64: the "batch x heads"
@@ -329,13 +368,16 @@ static void test_batch_heads_wrap(void)
         f.a.lse = NULL;
         fmha_tensor *ts[4] = {&f.a.q, &f.a.k, &f.a.v, &f.a.out};
         for (int t = 0; t < 4; t++) {
-            ts[t]->data = f.out; /* stride 0 everywhere: every element is f.out[0..D) */
+            ts[t]->data = f.out; /* stride 0 everywhere: every input element is f.out[0..D) */
             ts[t]->batch = (int64_t)1 << 33;
             ts[t]->seqlen = 1;
             ts[t]->heads = t == 1 || t == 2 ? 1 : (int64_t)1 << 31;
             ts[t]->head_dim = t >= 2 ? DV : D;
             ts[t]->stride_batch = ts[t]->stride_seq = ts[t]->stride_head = 0;
         }
+        /* out's rows may not overlap along one dim; (b, h) and (b + 1, h - 1)
+         * share a row here, an overlap across two dims that is not looked for. */
+        f.a.out.stride_batch = f.a.out.stride_head = DV;
         f.cfg.head_dim_v = DV;
         fmha_status st = fmha_reference_forward(&f.cfg, &f.a);
         _exit(st == INVALID && strstr(fmha_last_error(), "batch x heads") ? 0 : 1);
@@ -772,10 +814,11 @@ static void test_varlen(void)
     TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "max_seqlen upper bounds: %s",
              fmha_last_error());
 
-    fx_init_varlen(&f); /* more tokens than int32 cu_seqlens can index (stride 0: tiny extent) */
+    fx_init_varlen(&f); /* more tokens than int32 cu_seqlens can index (q: stride 0, a tiny
+                           extent; out's rows may not overlap, but its extent is only computed) */
     f.a.q.data = f.a.out.data = dummy;
     f.a.q.seqlen = f.a.out.seqlen = (int64_t)INT32_MAX + 1;
-    f.a.q.stride_seq = f.a.out.stride_seq = 0;
+    f.a.q.stride_seq = 0;
     expect("packed > 2^31 tokens", &f, INVALID, "more than 2^31 tokens", AT_FORWARD, REF_CHECK);
 }
 
@@ -1329,6 +1372,7 @@ int main(void)
     test_conversions();
     test_null_pointers();
     test_tensor_dims();
+    test_out_overlap();
     test_mismatches();
     test_config();
     test_varlen();

@@ -128,6 +128,23 @@ double tu_lse_err(const float *x, const float *ref, int64_t n, int *bad)
     return e;
 }
 
+double tu_max_err(const tu_tensor *x, const tu_tensor *ref, int *bad)
+{
+    double e = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    double a = tu_get(x, b, s, h, c), r = tu_get(ref, b, s, h, c);
+                    if (!isfinite(a))
+                        *bad = 1;
+                    if (fabs(a - r) > e)
+                        e = fabs(a - r);
+                }
+    return e;
+}
+
 double tu_rel_l2(const tu_tensor *x, const tu_tensor *ref)
 {
     double d2 = 0, r2 = 0;

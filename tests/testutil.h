@@ -36,6 +36,9 @@ void tu_set(tu_tensor *x, int64_t b, int64_t s, int64_t h, int64_t c, double v);
 /* Largest |x - ref| over n LSE values; sets *bad where ref is -inf (a row
  * without keys) and x is not, or x is not finite where ref is. */
 double tu_lse_err(const float *x, const float *ref, int64_t n, int *bad);
+/* Largest |x - ref| over x's view (same shapes); sets *bad where x is not
+ * finite. */
+double tu_max_err(const tu_tensor *x, const tu_tensor *ref, int *bad);
 /* Relative L2 distance of x from ref over x's view (same shapes). */
 double tu_rel_l2(const tu_tensor *x, const tu_tensor *ref);
 /* 1 if every byte of the allocation outside the view still equals `poison`. */

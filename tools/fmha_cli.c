@@ -4,6 +4,7 @@
  * report what this build and machine offer. All printing happens here. */
 #define _POSIX_C_SOURCE 200809L
 #include "fmha.h"
+#include "cli_options.h"
 #include "devmem.h"
 #include "fp8_cli.h"
 #include "hfconfig.h"
@@ -13,7 +14,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -66,278 +66,20 @@ static void usage(FILE *f)
 
 /* ------------------------------------------------------------- options */
 
-typedef struct options {
-    const char *input, *output, *model;
-    int64_t batch, seqlen, seqlen_k, heads, kv_heads, head_dim;
-    fmha_dtype dtype;
-    int dtype_set;
-    int causal;
-    int64_t window_left, window_right;
-    double scale, softcap, dropout;
-    uint64_t seed;
-    fmha_device device;
-    int threads, check, json, iters, check_finite;
-    unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
-} options;
+typedef cli_options options;
 
-/* The run options a written file records in its metadata (meta_options). */
-enum {
-    OPTION_CAUSAL = 1u << 0,
-    OPTION_WINDOW_LEFT = 1u << 1,
-    OPTION_WINDOW_RIGHT = 1u << 2,
-    OPTION_SCALE = 1u << 3,
-    OPTION_SOFTCAP = 1u << 4,
-    OPTION_DROPOUT = 1u << 5,
-    OPTION_SEED = 1u << 6
-};
-
-/* Ranges of the integer flags. Sizes stay within int32 (cu_seqlens are I32,
- * and a bigger one could not be allocated anyway); products of sizes are
- * checked where buffers are sized (elems). */
-#define CLI_MAX_SEQLEN   2147483647LL
-#define CLI_MAX_BATCH    2147483647LL
-#define CLI_MAX_HEADS    65536LL
-#define CLI_MAX_HEAD_DIM 65536LL
-#define CLI_MAX_WINDOW   2147483647LL
-#define CLI_MAX_THREADS  4096LL
-#define CLI_MAX_ITERS    1000000LL
-
-/* A decimal integer in [min, max]; otherwise a message naming the flag, the
- * value and the range. */
-static int parse_int(const char *s, const char *name, int64_t min, int64_t max, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end) {
-        fprintf(stderr, "fmha: %s '%s' is not an integer (allowed: %lld to %lld)\n", name, s,
-                (long long)min, (long long)max);
-        return -1;
-    }
-    if (errno == ERANGE || v < min || v > max) {
-        fprintf(stderr, "fmha: %s %s is out of range: allowed %lld to %lld\n", name, s,
-                (long long)min, (long long)max);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* --seed: any 64-bit unsigned value. */
-static int parse_u64(const char *s, const char *name, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || *s == '-' || *s == '+') {
-        fprintf(stderr, "fmha: %s '%s' is not an unsigned integer (allowed: 0 to %llu)\n", name, s,
-                (unsigned long long)UINT64_MAX);
-        return -1;
-    }
-    if (errno == ERANGE) {
-        fprintf(stderr, "fmha: %s %s is out of range: allowed 0 to %llu\n", name, s,
-                (unsigned long long)UINT64_MAX);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_double(const char *s, const char *name, double *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (!*s || *end || !isfinite(v)) {
-        fprintf(stderr, "fmha: %s '%s' is not a finite number\n", name, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_dtype(const char *s, fmha_dtype *out)
-{
-    static const struct {
-        const char *name;
-        fmha_dtype dt;
-    } names[] = {{"f32", FMHA_DTYPE_F32},
-                 {"f16", FMHA_DTYPE_F16},
-                 {"bf16", FMHA_DTYPE_BF16},
-                 {"fp8", FMHA_DTYPE_F8_E4M3},
-                 {"f8_e4m3", FMHA_DTYPE_F8_E4M3}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!strcmp(s, names[i].name)) {
-            *out = names[i].dt;
-            return 0;
-        }
-    fprintf(stderr, "fmha: --dtype '%s' is not one of f32, f16, bf16, fp8\n", s);
-    return -1;
-}
-
-enum {
-    OPT_MODEL = 256,
-    OPT_SEQLEN,
-    OPT_SEQLEN_K,
-    OPT_BATCH,
-    OPT_HEADS,
-    OPT_KV_HEADS,
-    OPT_HEAD_DIM,
-    OPT_DTYPE,
-    OPT_CAUSAL,
-    OPT_WL,
-    OPT_WR,
-    OPT_SCALE,
-    OPT_SOFTCAP,
-    OPT_DROPOUT,
-    OPT_SEED,
-    OPT_DEVICE,
-    OPT_THREADS,
-    OPT_CHECK,
-    OPT_JSON,
-    OPT_ITERS,
-    OPT_NO_CAUSAL,
-    OPT_CHECK_FINITE
-};
-
+/* cli_parse_options, with its message printed; -h prints the usage and exits. */
 static int parse_options(int argc, char **argv, options *o)
 {
-    static const struct option longopts[] = {{"output", required_argument, 0, 'o'},
-                                             {"model", required_argument, 0, OPT_MODEL},
-                                             {"seqlen", required_argument, 0, OPT_SEQLEN},
-                                             {"seqlen-k", required_argument, 0, OPT_SEQLEN_K},
-                                             {"batch", required_argument, 0, OPT_BATCH},
-                                             {"heads", required_argument, 0, OPT_HEADS},
-                                             {"kv-heads", required_argument, 0, OPT_KV_HEADS},
-                                             {"head-dim", required_argument, 0, OPT_HEAD_DIM},
-                                             {"dtype", required_argument, 0, OPT_DTYPE},
-                                             {"causal", no_argument, 0, OPT_CAUSAL},
-                                             {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
-                                             {"check-finite", no_argument, 0, OPT_CHECK_FINITE},
-                                             {"window-left", required_argument, 0, OPT_WL},
-                                             {"window-right", required_argument, 0, OPT_WR},
-                                             {"scale", required_argument, 0, OPT_SCALE},
-                                             {"softcap", required_argument, 0, OPT_SOFTCAP},
-                                             {"dropout", required_argument, 0, OPT_DROPOUT},
-                                             {"seed", required_argument, 0, OPT_SEED},
-                                             {"device", required_argument, 0, OPT_DEVICE},
-                                             {"threads", required_argument, 0, OPT_THREADS},
-                                             {"check", no_argument, 0, OPT_CHECK},
-                                             {"json", no_argument, 0, OPT_JSON},
-                                             {"iters", required_argument, 0, OPT_ITERS},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
-    memset(o, 0, sizeof *o);
-    o->window_left = o->window_right = -1;
-    o->dtype = FMHA_DTYPE_BF16;
-    o->seed = 0;
-    optind = 1;
-    int c;
-    int64_t v;
-    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'o': o->output = optarg; break;
-        case OPT_MODEL: o->model = optarg; break;
-        case OPT_SEQLEN:
-            if (parse_int(optarg, "--seqlen", 1, CLI_MAX_SEQLEN, &o->seqlen))
-                return -1;
-            break;
-        case OPT_SEQLEN_K:
-            if (parse_int(optarg, "--seqlen-k", 1, CLI_MAX_SEQLEN, &o->seqlen_k))
-                return -1;
-            break;
-        case OPT_BATCH:
-            if (parse_int(optarg, "--batch", 1, CLI_MAX_BATCH, &o->batch))
-                return -1;
-            break;
-        case OPT_HEADS:
-            if (parse_int(optarg, "--heads", 1, CLI_MAX_HEADS, &o->heads))
-                return -1;
-            break;
-        case OPT_KV_HEADS:
-            if (parse_int(optarg, "--kv-heads", 1, CLI_MAX_HEADS, &o->kv_heads))
-                return -1;
-            break;
-        case OPT_HEAD_DIM:
-            if (parse_int(optarg, "--head-dim", 1, CLI_MAX_HEAD_DIM, &o->head_dim))
-                return -1;
-            break;
-        case OPT_DTYPE:
-            if (parse_dtype(optarg, &o->dtype))
-                return -1;
-            o->dtype_set = 1;
-            break;
-        case OPT_CAUSAL:
-            o->causal = 1;
-            o->given |= OPTION_CAUSAL;
-            break;
-        case OPT_NO_CAUSAL:
-            o->causal = 0;
-            o->given |= OPTION_CAUSAL;
-            break;
-        case OPT_WL:
-            o->given |= OPTION_WINDOW_LEFT;
-            if (parse_int(optarg, "--window-left", -1, CLI_MAX_WINDOW, &o->window_left))
-                return -1;
-            break;
-        case OPT_WR:
-            o->given |= OPTION_WINDOW_RIGHT;
-            if (parse_int(optarg, "--window-right", -1, CLI_MAX_WINDOW, &o->window_right))
-                return -1;
-            break;
-        case OPT_SCALE:
-            o->given |= OPTION_SCALE;
-            if (parse_double(optarg, "--scale", &o->scale))
-                return -1;
-            break;
-        case OPT_SOFTCAP:
-            o->given |= OPTION_SOFTCAP;
-            if (parse_double(optarg, "--softcap", &o->softcap))
-                return -1;
-            break;
-        case OPT_DROPOUT:
-            o->given |= OPTION_DROPOUT;
-            if (parse_double(optarg, "--dropout", &o->dropout))
-                return -1;
-            break;
-        case OPT_SEED:
-            o->given |= OPTION_SEED;
-            if (parse_u64(optarg, "--seed", &o->seed))
-                return -1;
-            break;
-        case OPT_DEVICE:
-            if (!strcmp(optarg, "cpu"))
-                o->device = FMHA_DEVICE_CPU;
-            else if (!strcmp(optarg, "cuda"))
-                o->device = FMHA_DEVICE_CUDA;
-            else {
-                fprintf(stderr, "fmha: --device '%s' is not cpu or cuda\n", optarg);
-                return -1;
-            }
-            break;
-        case OPT_THREADS:
-            if (parse_int(optarg, "--threads", 0, CLI_MAX_THREADS, &v))
-                return -1;
-            o->threads = (int)v;
-            break;
-        case OPT_CHECK: o->check = 1; break;
-        case OPT_CHECK_FINITE: o->check_finite = 1; break;
-        case OPT_JSON: o->json = 1; break;
-        case OPT_ITERS:
-            if (parse_int(optarg, "--iters", 1, CLI_MAX_ITERS, &v))
-                return -1;
-            o->iters = (int)v;
-            break;
-        case 'h': usage(stdout); exit(0);
-        default: return -1;
-        }
+    char err[512];
+    int rc = cli_parse_options(argc, argv, o, err, sizeof err);
+    if (rc == CLI_PARSE_HELP) {
+        usage(stdout);
+        exit(0);
     }
-    if (optind < argc)
-        o->input = argv[optind++];
-    if (optind < argc) {
-        fprintf(stderr, "fmha: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
-    return 0;
+    if (rc != CLI_PARSE_OK && err[0])
+        fprintf(stderr, "fmha: %s\n", err);
+    return rc == CLI_PARSE_OK ? 0 : -1;
 }
 
 /* Whether a [a, b, c, d] tensor's elements, at 8 bytes each, fit int64 (and

@@ -575,42 +575,40 @@ static st_status align_tensors(const entry *ents, st_file *out)
     return ST_OK;
 }
 
-static int read_exact(FILE *fp, void *buf, size_t n)
+/* Where the reader's bytes come from: an open file (st_read) or a buffer
+ * (st_read_mem). One parser reads both, so a file and its bytes in memory
+ * get the same answer. */
+typedef struct st_source {
+    FILE *fp; /* NULL: the buffer below */
+    const unsigned char *mem;
+    size_t len, pos;
+} st_source;
+
+/* The next n bytes into buf; 0 when fewer are there or the read fails. */
+static int read_exact(st_source *src, void *buf, size_t n)
 {
-    return n == 0 || fread(buf, 1, n, fp) == n;
+    if (n == 0)
+        return 1;
+    if (src->fp != NULL)
+        return fread(buf, 1, n, src->fp) == n;
+    if (src->len - src->pos < n)
+        return 0;
+    memcpy(buf, src->mem + src->pos, n);
+    src->pos += n;
+    return 1;
 }
 
-st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
+/* Reads and validates a whole file of fsize bytes from src into *out (zeroed
+ * by the caller; freed again on failure); `path` names it in messages. */
+static st_status read_source(const char *path, st_source *src, int64_t fsize, st_file *out,
+                             char *err, size_t errlen)
 {
-    if (out == NULL || path == NULL) {
-        set_err(err, errlen, "st_read: path and out must not be NULL");
-        return ST_ERR_ARG;
-    }
-    memset(out, 0, sizeof *out);
-
     st_status st = ST_OK;
     char *hdr = NULL;
     cJSON *root = NULL;
     entry *ents = NULL;
     int count = 0;
 
-    FILE *fp = fopen(path, "rb");
-    if (fp == NULL) {
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return ST_ERR_IO;
-    }
-    struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0) {
-        set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-        st = ST_ERR_IO;
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
-        st = ST_ERR_IO;
-        goto done;
-    }
-    int64_t fsize = (int64_t)sb.st_size;
     if (fsize < 8) {
         set_err(err, errlen,
                 "%s: file is %lld bytes, shorter than the 8-byte header length that starts a "
@@ -621,7 +619,7 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
     }
 
     unsigned char lenbuf[8];
-    if (!read_exact(fp, lenbuf, 8)) {
+    if (!read_exact(src, lenbuf, 8)) {
         set_err(err, errlen, "%s: cannot read the header length", path);
         st = ST_ERR_IO;
         goto done;
@@ -650,7 +648,7 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
         st = ST_ERR_NOMEM;
         goto done;
     }
-    if (!read_exact(fp, hdr, (size_t)hlen)) {
+    if (!read_exact(src, hdr, (size_t)hlen)) {
         set_err(err, errlen, "%s: cannot read the %llu-byte header", path,
                 (unsigned long long)hlen);
         st = ST_ERR_IO;
@@ -725,10 +723,11 @@ st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
         st = ST_ERR_NOMEM;
         goto done;
     }
-    if (!read_exact(fp, out->data_, (size_t)data_size)) {
+    if (!read_exact(src, out->data_, (size_t)data_size)) {
         set_err(err, errlen, "%s: cannot read the %lld-byte data section%s%s", path,
-                (long long)data_size, ferror(fp) ? ": " : " (file shrank while reading)",
-                ferror(fp) ? strerror(errno) : "");
+                (long long)data_size,
+                src->fp && ferror(src->fp) ? ": " : " (file shrank while reading)",
+                src->fp && ferror(src->fp) ? strerror(errno) : "");
         st = ST_ERR_IO;
         goto done;
     }
@@ -740,10 +739,56 @@ done:
     free(hdr);
     free(ents);
     cJSON_Delete(root);
-    fclose(fp);
     if (st != ST_OK)
         st_free(out);
     return st;
+}
+
+st_status st_read(const char *path, st_file *out, char *err, size_t errlen)
+{
+    if (out == NULL || path == NULL) {
+        set_err(err, errlen, "st_read: path and out must not be NULL");
+        return ST_ERR_ARG;
+    }
+    memset(out, 0, sizeof *out);
+
+    FILE *fp = fopen(path, "rb");
+    if (fp == NULL) {
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return ST_ERR_IO;
+    }
+    st_status st;
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) != 0) {
+        set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        st = ST_ERR_IO;
+    } else if (!S_ISREG(sb.st_mode)) {
+        set_err(err, errlen, "%s: not a regular file", path);
+        st = ST_ERR_IO;
+    } else {
+        st_source src = {fp, NULL, 0, 0};
+        st = read_source(path, &src, (int64_t)sb.st_size, out, err, errlen);
+    }
+    fclose(fp);
+    return st;
+}
+
+st_status st_read_mem(const void *data, size_t len, const char *name, st_file *out, char *err,
+                      size_t errlen)
+{
+    if (name == NULL)
+        name = "(memory)";
+    if (out == NULL || (data == NULL && len > 0)) {
+        set_err(err, errlen, "st_read_mem: out and data must not be NULL");
+        return ST_ERR_ARG;
+    }
+    memset(out, 0, sizeof *out);
+    if ((uint64_t)len > (uint64_t)INT64_MAX) {
+        set_err(err, errlen, "%s: %zu bytes: more than a file can hold", name, len);
+        return ST_ERR_ARG;
+    }
+    st_source src = {NULL, data, len, 0};
+    return read_source(name, &src, (int64_t)len, out, err, errlen);
 }
 
 const st_tensor *st_find(const st_file *f, const char *name)

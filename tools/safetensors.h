@@ -123,6 +123,12 @@ typedef struct st_file {
  * is taken as an integer (the reference reader refuses it). */
 st_status st_read(const char *path, st_file *out, char *err, size_t errlen);
 
+/* st_read on the `len` bytes of a whole file in memory (the same parser and
+ * checks), e.g. a file received over a socket; `name` labels messages
+ * ("(memory)" if NULL). The data is copied: `data` may be freed afterwards. */
+st_status st_read_mem(const void *data, size_t len, const char *name, st_file *out, char *err,
+                      size_t errlen);
+
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL if absent */
 const char *st_meta_get(const st_file *f, const char *key);   /* NULL if absent */
 void st_free(st_file *f);                                     /* zeroes *f; NULL-safe */

@@ -261,7 +261,8 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
     const int64_t out_strides[3] = {a->out.stride_batch, a->out.stride_seq, a->out.stride_head};
     const char *out_names[3] = {"batch", "seqlen", "heads"};
     const char *out_stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
-    for (int i = 0; i < 3; i++)
+    const int out_empty = a->out.batch == 0 || a->out.seqlen == 0; /* no row at all */
+    for (int i = 0; i < 3 && !out_empty; i++)
         if (out_dims[i] > 1 && out_strides[i] < a->out.head_dim)
             return INVALID("out.%s (%lld) is below out.head_dim (%lld) with out.%s %lld: rows of "
                            "out would overlap, and what they hold would depend on the order of "

@@ -17,12 +17,21 @@ if [ -d .deps ] && [ ! -f /usr/include/cjson/cJSON.h ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
-if [ "$*" != variants ]; then # tuning runs build only their variants
+# PREBUILT=DIR (and PREBUILT_BASE=DIR for ab): build trees made on another machine and carried here
+# (bench/NOTES.md says how), used in place of building: the device's time goes to the runs.
+if [ -n "${PREBUILT:-}" ]; then
+    rm -rf build-gpu && ln -s "$PREBUILT" build-gpu
+    export LD_LIBRARY_PATH=$PWD/build-gpu:${LD_LIBRARY_PATH:-}
+    if ldd build-gpu/test_cuda build-gpu/fmha | grep "not found"; then echo "prebuilt binaries miss libraries"; exit 1; fi
+elif [ "$*" != variants ]; then # tuning runs build only their variants
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release ${CMAKE_EXTRA:-} > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
     cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
     grep -E "spill|stack" "$OUT/build.log" | sort | uniq -c | head
 fi
-if [ -n "${AB_BASE:-}" ]; then
+if [ -n "${PREBUILT_BASE:-}" ]; then
+    rm -rf build-base && ln -s "$PREBUILT_BASE" build-base && echo 0 > "$OUT/base.rc"
+    base_pid=$$ # nothing to wait for
+elif [ -n "${AB_BASE:-}" ]; then
     ( cmake -S "$AB_BASE" -B build-base -DCMAKE_BUILD_TYPE=Release > "$OUT/base.cmake.log" 2>&1 &&
       cmake --build build-base -j 16 --target fmha > "$OUT/base.build.log" 2>&1; echo $? > "$OUT/base.rc" ) &
     base_pid=$!
@@ -125,7 +134,7 @@ for step in "$@"; do
             done
         done 2>&1 | tee "$OUT/sched-ncu.log" ;;
     ab) # this tree's library against AB_BASE's, same process and rounds: the full table, REPEATS rounds (default 3)
-        wait "$base_pid"; [ "$(cat "$OUT/base.rc")" = 0 ] || { tail -20 "$OUT/base.build.log"; break; }
+        [ "$base_pid" = $$ ] || wait "$base_pid"; [ "$(cat "$OUT/base.rc")" = 0 ] || { tail -20 "$OUT/base.build.log"; break; }
         python3 bench/bench_cuda.py --lib build-gpu/libfmha.so --ab-lib build-base/libfmha.so ${SHAPES:+--shapes "$SHAPES"} \
             --repeats "${REPEATS:-3}" --out "$OUT/ab_table.md" > "$OUT/ab.log" 2>&1
         summary+=("ab rc=$?"); grep -v "^|" "$OUT/ab.log" ;;

@@ -5,7 +5,7 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all test asan-test tsan-test deps clean
+.PHONY: all test asan-test tsan-test valgrind-test deps clean
 
 all: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -34,6 +34,12 @@ tsan-test:
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=thread -DFMHA_CUDA=OFF >/dev/null
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	cd $(TSAN_BUILD) && OMP_NUM_THREADS=2 FMHA_TEST_CASES=40 FMHA_TEST_QUICK=1 ctest --output-on-failure -L cpu -j $(JOBS)
+
+# A few CLI commands of the Release build under valgrind's memcheck
+# (tests/valgrind_cli.sh): memory errors and definite leaks fail.
+valgrind-test: all
+	@sh tools/install-deps.sh valgrind
+	sh tests/valgrind_cli.sh $(BUILD)/fmha .
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -2,9 +2,10 @@
 # the repository root. Build output lands in build/ (the CLI is build/fmha).
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 
-.PHONY: all test asan-test deps clean
+.PHONY: all test asan-test tsan-test valgrind-test deps clean
 
 all: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -24,5 +25,21 @@ asan-test: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && FMHA_TEST_CASES=120 ctest --output-on-failure -L cpu -j $(JOBS)
 
+# The CPU tests under ThreadSanitizer: clang, LLVM's libomp and its Archer
+# tool (CMakeLists.txt loads it and makes a race fail the test), on 2 threads
+# so that the OpenMP regions run in parallel. Fewer cases than asan-test and
+# no full-size CLI run (FMHA_TEST_QUICK), since TSan slows every access.
+tsan-test:
+	@sh tools/install-deps.sh tsan
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFMHA_SANITIZE=thread -DFMHA_CUDA=OFF >/dev/null
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cd $(TSAN_BUILD) && OMP_NUM_THREADS=2 FMHA_TEST_CASES=40 FMHA_TEST_QUICK=1 ctest --output-on-failure -L cpu -j $(JOBS)
+
+# A few CLI commands of the Release build under valgrind's memcheck
+# (tests/valgrind_cli.sh): memory errors and definite leaks fail.
+valgrind-test: all
+	@sh tools/install-deps.sh valgrind
+	sh tests/valgrind_cli.sh $(BUILD)/fmha .
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -1,11 +1,26 @@
 #!/bin/sh
 # install-deps.sh — installs what fmha's build needs (compiler, CMake, cJSON,
 # OpenMP runtime) from Debian's packages, only when something is missing.
+# `install-deps.sh tsan` adds clang with LLVM's libomp and its Archer tool
+# (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"
 command -v make >/dev/null 2>&1 || need="$need make"
 [ -f /usr/include/cjson/cJSON.h ] || need="$need libcjson-dev"
+for extra in "$@"; do
+    case $extra in
+    tsan)
+        command -v clang >/dev/null 2>&1 || need="$need clang"
+        ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need="$need libomp-dev"
+        ;;
+    valgrind) command -v valgrind >/dev/null 2>&1 || need="$need valgrind" ;;
+    *)
+        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind)" >&2
+        exit 2
+        ;;
+    esac
+done
 [ -n "$need" ] || exit 0
 echo "installing:$need"
 SUDO=""

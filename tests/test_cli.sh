@@ -47,7 +47,7 @@ expect 0 "FMHA_STATUS_OK\|: ok" -- env FMHA_CPU_ISA=scalar "$FMHA" run --model f
 
 # ---- on a terminal, a long run shows a progress bar (stderr). The run is the
 # full Flux shape (the bar needs > 2e11 FLOP), minutes in a sanitizer build:
-# FMHA_TEST_QUICK=1 (make tsan-test) leaves it out.
+# FMHA_TEST_QUICK=1 (make asan-test, make tsan-test) leaves it out.
 if [ -z "${FMHA_TEST_QUICK:-}" ] && command -v script >/dev/null 2>&1; then
     script -qec "$FMHA run --model flux-1024 --threads 2" /dev/null > "$T/tty.txt" 2>&1
     grep -q "\[####.*100%" "$T/tty.txt" && ok || bad "no progress bar on a terminal: $(cat "$T/tty.txt")"

@@ -2,6 +2,7 @@
  * elements of a view and finds the first, in one launch, by their exponent
  * bits (all ones; for E4M3FN, whose only non-finite codes are NaN, the
  * seven low bits). */
+#include "../alloc.h"
 #include "cuda_common.cuh"
 
 namespace
@@ -58,10 +59,16 @@ extern "C" fmha_status fmha_cuda_count_non_finite(const fmha_tensor *t, int64_t 
              : es == 1                     ? 0x7fu
              : t->dtype == FMHA_DTYPE_BF16 ? 0x7f80u
                                            : 0x7c00u;
-    void *buf;
-    fmha_status st = fmha_cuda_alloc(&buf, 2 * sizeof(unsigned long long));
-    if (st != FMHA_STATUS_OK)
-        return st;
+    void *buf = nullptr;
+    if (fmha_alloc_injected_failure())
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "checking an input for NaN and inf: allocation failure injected");
+    cudaError_t aerr = cudaMalloc(&buf, 2 * sizeof(unsigned long long));
+    if (aerr != cudaSuccess) {
+        cudaGetLastError();
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "checking an input for NaN and inf: %s",
+                              cudaGetErrorString(aerr));
+    }
     p.count = (unsigned long long *)buf;
     p.first = p.count + 1;
     cudaStream_t s = (cudaStream_t)stream;
@@ -77,7 +84,7 @@ extern "C" fmha_status fmha_cuda_count_non_finite(const fmha_tensor *t, int64_t 
         err = cudaMemcpyAsync(got, buf, sizeof got, cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess)
         err = cudaStreamSynchronize(s);
-    fmha_cuda_free(buf);
+    cudaFree(buf);
     if (err != cudaSuccess)
         return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "checking %s for NaN and inf: %s",
                               "an input", cudaGetErrorString(err));

@@ -4,11 +4,13 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
+# More CMake options for $(BUILD), e.g. make test CMAKE_ARGS=-DFMHA_BUILD_STATIC=ON
+CMAKE_ARGS ?=
 
 .PHONY: all test asan-test tsan-test valgrind-test deps clean
 
 all: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Installs the Debian packages the build needs when one is missing.

@@ -53,6 +53,19 @@
 extern "C" {
 #endif
 
+/* FMHA_API marks the functions libfmha.so exports: the library compiles with
+ * hidden visibility, so that nothing but this header's functions reaches its
+ * dynamic symbol table. Declaring them visible is harmless where the library
+ * is linked statically. Define FMHA_API before including this header to
+ * override it. */
+#ifndef FMHA_API
+#if defined(__GNUC__) || defined(__clang__)
+#define FMHA_API __attribute__((visibility("default")))
+#else
+#define FMHA_API
+#endif
+#endif
+
 #define FMHA_VERSION_MAJOR  0
 #define FMHA_VERSION_MINOR  1
 #define FMHA_VERSION_PATCH  0
@@ -69,11 +82,11 @@ typedef enum fmha_status {
 } fmha_status;
 
 /* A fixed name for a status ("FMHA_STATUS_INVALID_ARGUMENT"). */
-const char *fmha_status_string(fmha_status status);
+FMHA_API const char *fmha_status_string(fmha_status status);
 
 /* The specific message of the last failed call on this thread ("" if none).
  * Valid until the next fmha call on the same thread. */
-const char *fmha_last_error(void);
+FMHA_API const char *fmha_last_error(void);
 
 /* ------------------------------------------------------------------ dtypes */
 
@@ -85,8 +98,8 @@ typedef enum fmha_dtype {
                           fmha_forward_args), written by fmha_quantize_fp8; never an output dtype */
 } fmha_dtype;
 
-const char *fmha_dtype_name(fmha_dtype dtype); /* "f32", "f16", "bf16", "f8_e4m3" */
-size_t fmha_dtype_size(fmha_dtype dtype);      /* bytes per element, 0 if unknown */
+FMHA_API const char *fmha_dtype_name(fmha_dtype dtype); /* "f32", "f16", "bf16", "f8_e4m3" */
+FMHA_API size_t fmha_dtype_size(fmha_dtype dtype);      /* bytes per element, 0 if unknown */
 
 /* ----------------------------------------------------------------- tensors */
 
@@ -112,14 +125,14 @@ typedef struct fmha_tensor {
 } fmha_tensor;
 
 /* Contiguous [batch, seqlen, heads, head_dim]. */
-fmha_tensor fmha_tensor_bshd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
-                             int64_t heads, int64_t head_dim);
+FMHA_API fmha_tensor fmha_tensor_bshd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
+                                      int64_t heads, int64_t head_dim);
 /* Contiguous [batch, heads, seqlen, head_dim] memory, seen as BSHD. */
-fmha_tensor fmha_tensor_bhsd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
-                             int64_t heads, int64_t head_dim);
+FMHA_API fmha_tensor fmha_tensor_bhsd(void *data, fmha_dtype dtype, int64_t batch, int64_t seqlen,
+                                      int64_t heads, int64_t head_dim);
 /* Contiguous packed [total_tokens, heads, head_dim]. */
-fmha_tensor fmha_tensor_packed(void *data, fmha_dtype dtype, int64_t total_tokens, int64_t heads,
-                               int64_t head_dim);
+FMHA_API fmha_tensor fmha_tensor_packed(void *data, fmha_dtype dtype, int64_t total_tokens,
+                                        int64_t heads, int64_t head_dim);
 
 /* ------------------------------------------------------------ configuration */
 
@@ -140,9 +153,9 @@ typedef enum fmha_cpu_isa {
     FMHA_CPU_ISA_LAST = FMHA_CPU_ISA_AVX512_BF16
 } fmha_cpu_isa;
 
-const char *fmha_cpu_isa_name(fmha_cpu_isa isa);
+FMHA_API const char *fmha_cpu_isa_name(fmha_cpu_isa isa);
 /* The best ISA this CPU and OS support (never AUTO). */
-fmha_cpu_isa fmha_cpu_isa_detect(void);
+FMHA_API fmha_cpu_isa fmha_cpu_isa_detect(void);
 
 /* FP8 compute for f32/f16/bf16 inputs (fmha_config.fp8_compute), SGLang's
  * SGLANG_DIFFUSION_AITER_FP8_ATTN=1: on each call the layer quantizes q, k
@@ -203,7 +216,8 @@ typedef struct fmha_config {
 /* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),
  * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads, no FP8 compute,
  * no finite check. */
-void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim);
+FMHA_API void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
+                               int64_t head_dim);
 
 /* -------------------------------------------------------------- forward args */
 
@@ -297,7 +311,7 @@ typedef struct fmha_kernel_info {
  * whether it is supported at all. Returns OK and fills `info`, or
  * INVALID_ARGUMENT / UNSUPPORTED with the reason in fmha_last_error().
  * fmha_layer_init and fmha_forward call exactly this. */
-fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info);
+FMHA_API fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info);
 
 /* -------------------------------------------------------------------- layer */
 
@@ -310,21 +324,21 @@ typedef struct fmha_layer fmha_layer;
  * FMHA_CUDA_SCHEDULE, FMHA_CUDA_CLUSTER, FMHA_FP8_ACCUM, FMHA_FP8_ATTN) are
  * read here, once: a layer keeps what they said at its init, and a bad value
  * is INVALID_ARGUMENT here. */
-fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg);
-void fmha_layer_free(fmha_layer *layer);
+FMHA_API fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg);
+FMHA_API void fmha_layer_free(fmha_layer *layer);
 
 /* The configuration, and the kernel the layer's latest call ran — before the
  * first call, the kernel its plan names. (A call can run another kernel than
  * the plan's: on CUDA, views whose rows the Hopper kernel's tensor copies
  * cannot address run on the portable kernel.) */
-const fmha_config *fmha_layer_config(const fmha_layer *layer);
-const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer);
+FMHA_API const fmha_config *fmha_layer_config(const fmha_layer *layer);
+FMHA_API const fmha_kernel_info *fmha_layer_kernel(const fmha_layer *layer);
 
 /* One line about what the latest call ran (before the first, the plan): the
  * kernel, its variant (head dim, tile) and its switches, e.g.
  * "cuda_hopper_sm90 (WGMMA): bf16 inputs, head dim 128 variant, tile 128x176,
  * schedule split, clusters auto". Writes "" for a NULL layer. */
-void fmha_layer_describe(const fmha_layer *layer, char *buf, size_t len);
+FMHA_API void fmha_layer_describe(const fmha_layer *layer, char *buf, size_t len);
 
 /* How a layer computes, decided once at fmha_layer_init. */
 typedef enum fmha_layer_path {
@@ -339,8 +353,9 @@ typedef enum fmha_layer_path {
  * cuda_flash_sm80 instead". The string lives as long as the layer. The
  * library never prints; a caller that wants a fallback logged once prints the
  * reason after fmha_layer_init. */
-fmha_layer_path fmha_layer_get_path(const fmha_layer *layer, const char **reason);
-const char *fmha_layer_path_name(fmha_layer_path path); /* "direct", "fp8", "fp8_fallback" */
+FMHA_API fmha_layer_path fmha_layer_get_path(const fmha_layer *layer, const char **reason);
+/* The path's name: "direct", "fp8", "fp8_fallback". */
+FMHA_API const char *fmha_layer_path_name(fmha_layer_path path);
 
 /* Runs attention. Every argument is validated before anything is written.
  * A layer runs one call at a time: a call made while another thread's call
@@ -351,47 +366,48 @@ const char *fmha_layer_path_name(fmha_layer_path path); /* "direct", "fp8", "fp8
  * key, so out is 0 and lse -inf there (on the CPU; UNSUPPORTED on CUDA). On the FP8 path, q, k and v
  * must be finite (an infinity is INVALID_ARGUMENT, as in fmha_quantize_fp8)
  * and must not carry descales. */
-fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args);
+FMHA_API fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args);
 
 /* One-shot convenience: init, forward, free. */
-fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
+FMHA_API fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
 /* The float64 reference: plain loops, every feature, never fast; its
  * (sequence, head) pairs run on cfg->num_threads OpenMP threads (0: OpenMP's
  * default). Same validation and semantics as fmha_forward; CPU memory only. FP8 inputs are
  * dequantized with their descales exactly; fp8_compute is ignored (the
  * reference is the exact answer for the inputs it is given). */
-fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);
+FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
 /* -------------------------------------------------------------------- CUDA */
 
 /* 1 if this build has the CUDA backend (nvcc was found at build time). */
-int fmha_cuda_backend_built(void);
+FMHA_API int fmha_cuda_backend_built(void);
 
 /* Number of CUDA devices usable by this build: 0 when it was built without
  * the CUDA backend, or when no driver or GPU is present. */
-int fmha_cuda_device_count(void);
+FMHA_API int fmha_cuda_device_count(void);
 
 /* One line about device `dev`, e.g. "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB". */
-fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len);
+FMHA_API fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len);
 
 /* ---------------------------------------------------------------- utilities */
 
 /* Element conversions (round to nearest even, NaN kept). */
-float fmha_bf16_to_f32(uint16_t x);
-uint16_t fmha_f32_to_bf16(float x);
-float fmha_f16_to_f32(uint16_t x);
-uint16_t fmha_f32_to_f16(float x);
+FMHA_API float fmha_bf16_to_f32(uint16_t x);
+FMHA_API uint16_t fmha_f32_to_bf16(float x);
+FMHA_API float fmha_f16_to_f32(uint16_t x);
+FMHA_API uint16_t fmha_f32_to_f16(float x);
 
 /* FLOPs of one padded-batch forward: 2 * (head_dim + head_dim_v) per visible
  * (query, key) pair and head, so causal and window masks count only what is
  * visible (a causal square counts S(S+1)/2 pairs). */
-double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q, int64_t seqlen_k);
+FMHA_API double fmha_flops(const fmha_config *cfg, int64_t batch, int64_t seqlen_q,
+                           int64_t seqlen_k);
 
 /* Keep-mask bit of the dropout stream for one element (see fmha_forward_args):
  * returns 1 if element (seq, head, row, col) is kept with probability 1 - p. */
-int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads, int64_t head,
-                      int64_t row, int64_t col, double p);
+FMHA_API int fmha_dropout_keep(uint64_t seed, uint64_t offset, int64_t seq, int64_t num_heads,
+                               int64_t head, int64_t row, int64_t col, double p);
 
 /* -------------------------------------------------------------------- FP8 */
 
@@ -408,8 +424,8 @@ typedef enum fmha_fp8_scaling {
  * the subnormals too (smallest 2^-9); magnitudes above 448, infinities
  * included, saturate to ±448; NaN gives 0x7F or 0xFF by its sign; -0 gives
  * 0x80. Decoding is exact (0x7F/0xFF decode to NaN). */
-uint8_t fmha_f32_to_e4m3(float x);
-float fmha_e4m3_to_f32(uint8_t x);
+FMHA_API uint8_t fmha_f32_to_e4m3(float x);
+FMHA_API float fmha_e4m3_to_f32(uint8_t x);
 
 /* Quantizes x to FP8 E4M3 codes with one float scale per group, on the CPU.
  *   x      [batch, seqlen, heads, head_dim] f32, f16 or bf16 (any strides, stride_dim 1)
@@ -424,8 +440,8 @@ float fmha_e4m3_to_f32(uint8_t x);
  * Infinite elements of x are INVALID_ARGUMENT (the message names the first,
  * in (batch, token, head, dim) order); NaN elements stay NaN. Every argument
  * is validated before anything is written. */
-fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scales,
-                              fmha_fp8_scaling scaling, int64_t block_rows);
+FMHA_API fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scales,
+                                       fmha_fp8_scaling scaling, int64_t block_rows);
 
 /* fmha_quantize_fp8 on the current CUDA device: the same arguments and the
  * same scales and codes, bit for bit, with x, y and scales in device memory
@@ -440,8 +456,9 @@ fmha_status fmha_quantize_fp8(const fmha_tensor *x, fmha_tensor *y, float *scale
  * scale NaN and NaN codes (0x7F / 0xFF by the sign of x); check the scales
  * if x may hold one. UNSUPPORTED when fmha was built without CUDA or finds no
  * device of compute capability 8.0 or later. */
-fmha_status fmha_quantize_fp8_cuda(const fmha_tensor *x, fmha_tensor *y, float *scales,
-                                   fmha_fp8_scaling scaling, int64_t block_rows, void *stream);
+FMHA_API fmha_status fmha_quantize_fp8_cuda(const fmha_tensor *x, fmha_tensor *y, float *scales,
+                                            fmha_fp8_scaling scaling, int64_t block_rows,
+                                            void *stream);
 
 #ifdef __cplusplus
 }

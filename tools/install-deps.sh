@@ -1,12 +1,15 @@
 #!/bin/sh
-# install-deps.sh — installs what fmha's build needs (compiler, CMake, cJSON,
-# OpenMP runtime) from Debian's packages, only when something is missing.
-# `install-deps.sh tsan` adds clang with LLVM's libomp and its Archer tool
-# (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test).
+# install-deps.sh — installs what fmha's build and tests need (C and C++
+# compilers, CMake, cJSON, OpenMP runtime; the C++ compiler and pkg-config
+# serve the install test) from Debian's packages, only when something is
+# missing. `install-deps.sh tsan` adds clang with LLVM's libomp and its Archer
+# tool (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"
 command -v make >/dev/null 2>&1 || need="$need make"
+command -v c++ >/dev/null 2>&1 || need="$need g++"
+command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
 [ -f /usr/include/cjson/cJSON.h ] || need="$need libcjson-dev"
 for extra in "$@"; do
     case $extra in

@@ -23,8 +23,10 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                                65536,                                                \
                                0,                                                    \
                                0,                                                    \
-                               -1},
-#define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback) \
+                               -1,                                                   \
+                               1},
+#define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback, \
+                         caches)                                                                  \
     [FMHA_KERNEL_ID_##                                                                            \
         name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},             \
                  min_sm,                                                                          \
@@ -35,7 +37,8 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                  max_d,                                                                           \
                  sm90a,                                                                           \
                  FMHA_TMA_##compute,                                                              \
-                 FMHA_KERNEL_ID_##fallback},
+                 FMHA_KERNEL_ID_##fallback,                                                       \
+                 caches},
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1
@@ -369,6 +372,11 @@ fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fm
                               "seqlen_k 0 (no key for any query) is answered on the CPU only "
                               "(out 0, lse -inf): on %s, skip the call and fill out with 0 "
                               "and lse with -inf",
+                              k->info.name);
+    if (pb->kv_cache && !k->caches)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "%s does not read KV caches: decode calls (fmha_layer_decode) run on "
+                              "CPU layers for now",
                               k->info.name);
     if (a->q.dtype == FMHA_DTYPE_F8_E4M3 && !(k->descales >> a->descale_layout & 1u))
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,

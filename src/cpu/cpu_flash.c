@@ -123,7 +123,7 @@ static void prefetch_rows(const fmha_tensor *t, const fmha_cpu_task *tk, int64_t
                           int64_t n)
 {
     for (int64_t r = 0; r < n; r++) {
-        const char *row = fmha_row(t, tk->tb, tk->k0 + j + r, tk->hk);
+        const char *row = fmha_kv_row(tk->pb, t, tk->b, j + r, tk->hk);
         for (int64_t byte = 0; byte < bytes; byte += 64)
             __builtin_prefetch(row + byte, 0, 2);
     }

@@ -36,6 +36,7 @@ typedef struct fmha_problem {
     const int32_t *kv_batch;      /* contiguous caches: [batch] the cache row of each sequence */
     const int32_t *page_table;    /* paged caches: [batch][page_stride] */
     int64_t page_stride, page_size;
+    int64_t num_splits; /* key splits asked for (0: the backend chooses) */
 } fmha_problem;
 
 /* Keys of sequence b in a decode call: cached plus appended. */

@@ -199,15 +199,13 @@ static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
     fmha_forward_args fwd;
     fmha_problem pb;
     fmha_plan call;
-    fmha_status st = fmha_validate_decode(&layer->cfg, args, &fwd, &pb);
-    if (st != FMHA_STATUS_OK)
+    fmha_status st = fmha_plan_decode(&layer->plan);
+    if (st != FMHA_STATUS_OK ||
+        (st = fmha_validate_decode(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK)
         return st;
     pb.cfg = &layer->plan.cfg;
     if ((st = fmha_plan_for_call(&layer->plan, &pb, &call)) != FMHA_STATUS_OK)
         return st;
-    if (!layer->be->kv_append)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "the %s backend writes no KV cache",
-                              layer->be->name);
     void *q_rot = NULL;
     if (args->rotary_dim > 0 && pb.batch > 0 && pb.max_sq > 0) {
         const size_t bytes =

@@ -362,6 +362,16 @@ static int cluster_fits(const fmha_plan *plan, const fmha_problem *pb)
            tiles_x % 2 == 0;
 }
 
+fmha_status fmha_plan_decode(const fmha_plan *plan)
+{
+    if (!plan->kernel->caches)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "%s does not read KV caches: decode calls (fmha_layer_decode) run on "
+                              "CPU layers for now",
+                              plan->kernel->info.name);
+    return FMHA_STATUS_OK;
+}
+
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call)
 {
     const fmha_forward_args *a = pb->args;
@@ -372,11 +382,6 @@ fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fm
                               "seqlen_k 0 (no key for any query) is answered on the CPU only "
                               "(out 0, lse -inf): on %s, skip the call and fill out with 0 "
                               "and lse with -inf",
-                              k->info.name);
-    if (pb->kv_cache && !k->caches)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "%s does not read KV caches: decode calls (fmha_layer_decode) run on "
-                              "CPU layers for now",
                               k->info.name);
     if (a->q.dtype == FMHA_DTYPE_F8_E4M3 && !(k->descales >> a->descale_layout & 1u))
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,

@@ -587,6 +587,7 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     pb->dv = cfg->head_dim_v;
     pb->max_sq = a->q.seqlen;
     pb->seqlen_new = has_new ? a->k_new.seqlen : 0;
+    pb->num_splits = a->num_splits;
     pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
     pb->drop_rescale = 1.0;
     if (pb->batch > INT32_MAX / pb->heads)

@@ -159,8 +159,8 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
 
 static void free_inputs(dinputs *in)
 {
-    tu_tensor *ts[] = {&in->q, &in->knew, &in->vnew, &in->kc[0], &in->kc[1], &in->vc[0],
-                       &in->vc[1], &in->out[0], &in->out[1]};
+    tu_tensor *ts[] = {&in->q,     &in->knew,  &in->vnew,   &in->kc[0], &in->kc[1],
+                       &in->vc[0], &in->vc[1], &in->out[0], &in->out[1]};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (ts[i]->alloc)
             tu_tensor_free(ts[i]);
@@ -199,8 +199,8 @@ static fmha_kvcache_args args_of(const dcase *c, dinputs *in, int k)
 }
 
 /* Element (b, t, h, c) of a cache: its own implementation of the layout. */
-static double cache_get(const dcase *c, const dinputs *in, const tu_tensor *x, int64_t b,
-                        int64_t t, int64_t h, int64_t ch)
+static double cache_get(const dcase *c, const dinputs *in, const tu_tensor *x, int64_t b, int64_t t,
+                        int64_t h, int64_t ch)
 {
     if (c->paged)
         return tu_get(x, in->table[b * c->stride + t / c->page_size], t % c->page_size, h, ch);
@@ -306,8 +306,8 @@ static double naive_error(const dcase *c, const dinputs *in, double *lse_err)
                 if (c->lse && isfinite(lr) && fabs(l - lr) > *lse_err)
                     *lse_err = fabs(l - lr);
                 for (int64_t ch = 0; ch < c->dv; ch++) {
-                    double e = fabs(tu_get(&o, 0, cuq[b] + i, h, ch) -
-                                    tu_get(&in->out[0], b, i, h, ch));
+                    double e =
+                        fabs(tu_get(&o, 0, cuq[b] + i, h, ch) - tu_get(&in->out[0], b, i, h, ch));
                     if (e > err || isnan(e))
                         err = e;
                 }
@@ -344,9 +344,9 @@ static void describe(const dcase *c, char *buf, size_t n)
     snprintf(buf, n,
              "%s %s b%lld sq%lld new%lld h%lld/%lld d%lld/%lld %s%s%s causal%d win%lld cap%g "
              "rot%lld%s splits%lld",
-             fmha_cpu_isa_name(c->cfg.cpu_isa), fmha_dtype_name(c->cfg.dtype),
-             (long long)c->batch, (long long)c->sq, (long long)c->snew, (long long)c->heads,
-             (long long)c->kvh, (long long)c->d, (long long)c->dv, c->paged ? "paged " : "contig",
+             fmha_cpu_isa_name(c->cfg.cpu_isa), fmha_dtype_name(c->cfg.dtype), (long long)c->batch,
+             (long long)c->sq, (long long)c->snew, (long long)c->heads, (long long)c->kvh,
+             (long long)c->d, (long long)c->dv, c->paged ? "paged " : "contig",
              c->paged ? "" : (c->use_batch_idx ? "+idx" : ""), c->lse ? " lse" : "", c->cfg.causal,
              (long long)c->cfg.window_left, c->cfg.softcap, (long long)c->rotary_dim,
              c->interleaved ? "i" : "", (long long)c->splits);
@@ -385,10 +385,10 @@ static void run_case(tu_rng *r, fmha_cpu_isa isa)
     }
     /* Rotation rounds in f32 here and in float64 there: one unit of the
      * cache's last place at most (|k| < 8). */
-    const double ctol = c.rotary_dim == 0                  ? 0
-                        : c.cfg.dtype == FMHA_DTYPE_F32    ? 1e-5
-                        : c.cfg.dtype == FMHA_DTYPE_BF16   ? 8.0 * 0x1p-8
-                                                           : 8.0 * 0x1p-11;
+    const double ctol = c.rotary_dim == 0                ? 0
+                        : c.cfg.dtype == FMHA_DTYPE_F32  ? 1e-5
+                        : c.cfg.dtype == FMHA_DTYPE_BF16 ? 8.0 * 0x1p-8
+                                                         : 8.0 * 0x1p-11;
     const double ek = cache_diff(&in.kc[1], &in.kc[0]), ev = cache_diff(&in.vc[1], &in.vc[0]);
     TU_CHECK(ek <= ctol && ev == 0, "%s: caches differ from the reference's: k %.3g, v %.3g", desc,
              ek, ev);
@@ -419,7 +419,8 @@ static void test_same_as_forward(tu_rng *r, fmha_cpu_isa isa)
     int32_t table[3 * 13], lens[3] = {K, K, K};
     for (int64_t b = 0; b < B; b++)
         for (int64_t p = 0; p < np; p++) {
-            table[b * np + p] = (int32_t)((p * B + (B - 1 - b)) + 1); /* interleaved, page 0 unused */
+            table[b * np + p] =
+                (int32_t)((p * B + (B - 1 - b)) + 1); /* interleaved, page 0 unused */
             for (int64_t t = p * P; t < K && t < (p + 1) * P; t++)
                 for (int64_t h = 0; h < 2; h++)
                     for (int64_t c = 0; c < 64; c++) {
@@ -448,6 +449,59 @@ static void test_same_as_forward(tu_rng *r, fmha_cpu_isa isa)
     tu_tensor *all[8] = {&q, &k, &v, &o1, &o2, &o3, &kp, &vp};
     for (int i = 0; i < 8; i++)
         tu_tensor_free(all[i]);
+}
+
+/* One sequence with a long cache: the automatic split (several tasks per
+ * KV head), one split and an odd count agree with the reference, and the
+ * automatic one gives the same bytes on 1 and 2 threads. */
+static void test_splits(tu_rng *r, fmha_cpu_isa isa)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, 8, 2, 128);
+    cfg.cpu_isa = isa;
+    const int64_t K = 3001;
+    tu_tensor q, k, v, ref, o[4];
+    tu_tensor_init(&q, cfg.dtype, 1, 1, 8, 128, 0, 0);
+    tu_tensor_init(&k, cfg.dtype, 1, K + 7, 2, 128, 0, 0);
+    tu_tensor_init(&v, cfg.dtype, 1, K + 7, 2, 128, 0, 0);
+    tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, 1, 8, 128, 0, 0xFF);
+    tu_fill_normal(&q, r, 1);
+    tu_fill_normal(&k, r, 1);
+    tu_fill_normal(&v, r, 1);
+    int32_t len = (int32_t)K;
+    float lse_ref[8], lse[4][8];
+    fmha_kvcache_args a = {.q = q.t,
+                           .k_cache = k.t,
+                           .v_cache = v.t,
+                           .out = ref.t,
+                           .lse = lse_ref,
+                           .cache_seqlens = &len};
+    TU_CHECK(fmha_reference_decode(&cfg, &a) == FMHA_STATUS_OK, "reference: %s", fmha_last_error());
+    const int64_t splits[4] = {0, 1, 7, 0};
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_init(&o[i], FMHA_DTYPE_F32, 1, 1, 8, 128, 0, 0xFF);
+        a.out = o[i].t;
+        a.lse = lse[i];
+        a.num_splits = splits[i];
+        cfg.num_threads = i == 3 ? 1 : 2;
+        TU_CHECK(fmha_decode(&cfg, &a) == FMHA_STATUS_OK, "splits %lld: %s", (long long)splits[i],
+                 fmha_last_error());
+        int bad = 0;
+        const double e = tu_max_err(&o[i], &ref, &bad), le = tu_lse_err(lse[i], lse_ref, 8, &bad);
+        TU_CHECK(!bad && e < 2e-3 && le < 1e-4, "%s, %lld splits: out error %.3g, lse %.3g",
+                 fmha_cpu_isa_name(isa), (long long)splits[i], e, le);
+    }
+    TU_CHECK(
+        !memcmp(o[0].alloc, o[3].alloc, o[0].alloc_bytes) && !memcmp(lse[0], lse[3], sizeof lse[0]),
+        "%s: the automatic split's answer depends on the thread count", fmha_cpu_isa_name(isa));
+    TU_CHECK(memcmp(o[0].alloc, o[1].alloc, o[0].alloc_bytes) != 0,
+             "%s: the automatic choice did not split 3001 keys of 2 KV heads",
+             fmha_cpu_isa_name(isa));
+    tu_tensor *all[5] = {&q, &k, &v, &ref, &o[0]};
+    for (int i = 0; i < 5; i++)
+        tu_tensor_free(all[i]);
+    for (int i = 1; i < 4; i++)
+        tu_tensor_free(&o[i]);
 }
 
 /* A bad argument: the expected status and words in the message, and neither
@@ -493,8 +547,8 @@ static void test_errors(tu_rng *r)
                    "cache_seqlens above the capacity");
     a.block_table_stride = 1; /* a table too short for the sequence */
     in.cache_seqlens[c.batch - 1] = (int32_t)c.page_size;
-    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "grow the cache or the block table",
-                   "block table too short");
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT,
+                   "grow the cache or the block table", "block table too short");
     a = good;
     in.cache_seqlens[c.batch - 1] = -3;
     expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "must be non-negative",
@@ -579,6 +633,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < n; i++)
             run_case(&r, (fmha_cpu_isa)isa);
         test_same_as_forward(&r, (fmha_cpu_isa)isa);
+        test_splits(&r, (fmha_cpu_isa)isa);
     }
     test_errors(&r);
     return tu_summary();

@@ -10,6 +10,7 @@
  * where the problems are the same, paged equals contiguous, num_splits does
  * not change the answer beyond rounding, and every bad argument is refused
  * with the cache and out untouched. */
+#include "alloc.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -622,6 +623,42 @@ static void test_errors(tu_rng *r)
     free_inputs(&in);
 }
 
+/* Each allocation of a decode call (rotated q, the layer, its workspace,
+ * the splits' partials) failed in turn: OUT_OF_MEMORY with a message, out
+ * untouched, nothing leaked; until the call runs through. Allocations after
+ * the append may leave the new tokens in the cache (docs/reliability.md). */
+static void test_allocation_failures(tu_rng *r)
+{
+    dcase c;
+    dinputs in;
+    do {
+        c = random_case(r, FMHA_CPU_ISA_AUTO);
+    } while (!c.paged || c.rotary_dim == 0);
+    c.splits = 3;
+    make_inputs(&c, &in, r);
+    const fmha_kvcache_args a = args_of(&c, &in, 1);
+    void *o0 = malloc(in.out[1].alloc_bytes);
+    memcpy(o0, in.out[1].alloc, in.out[1].alloc_bytes);
+    fmha_status st = FMHA_STATUS_OUT_OF_MEMORY;
+    long n = 0;
+    for (; st == FMHA_STATUS_OUT_OF_MEMORY && n < 20; n++) {
+        const long live = fmha_alloc_live();
+        fmha_alloc_fail_after(n);
+        st = fmha_decode(&c.cfg, &a);
+        fmha_alloc_fail_after(-1);
+        TU_CHECK(fmha_alloc_live() == live, "allocation %ld failed: %ld leaked", n + 1,
+                 fmha_alloc_live() - live);
+        if (st == FMHA_STATUS_OUT_OF_MEMORY)
+            TU_CHECK(*fmha_last_error() && !memcmp(o0, in.out[1].alloc, in.out[1].alloc_bytes),
+                     "allocation %ld failed: no message, or out written", n + 1);
+    }
+    printf("decode allocations: %ld\n", n - 1);
+    TU_CHECK(st == FMHA_STATUS_OK && n >= 4, "the call ran after %ld failed allocations: %s", n - 1,
+             fmha_last_error());
+    free(o0);
+    free_inputs(&in);
+}
+
 int main(int argc, char **argv)
 {
     tu_rng r = {argc > 1 ? strtoull(argv[1], NULL, 0) : 0xdec0de};
@@ -636,5 +673,6 @@ int main(int argc, char **argv)
         test_splits(&r, (fmha_cpu_isa)isa);
     }
     test_errors(&r);
+    test_allocation_failures(&r);
     return tu_summary();
 }

@@ -130,11 +130,12 @@ static void prefetch_rows(const fmha_tensor *t, const fmha_cpu_task *tk, int64_t
 }
 
 /* Query heads packed into one task: a KV head's whole group when it is small,
- * so that the group shares every packed K/V block (a decode step reads K and
- * V once per KV head, not once per query head). */
+ * or when all its queries fit one task (decode: MQA's 32 heads of one
+ * query), so that the group shares every packed K/V block (a decode step
+ * reads K and V once per KV head, not once per query head). */
 static int64_t heads_per_task(const fmha_problem *pb)
 {
-    return pb->group <= 16 ? pb->group : 1;
+    return pb->group <= 16 || pb->group * pb->max_sq <= BR ? pb->group : 1;
 }
 
 /* Task t of head group hg of sequence b: query positions [t * tq, ...) of the
@@ -439,8 +440,8 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {
-            const int64_t tile = task / nsplit; /* and its split: task % nsplit */
-            int64_t lo = 0, hi = pb->batch;     /* the sequence holding this tile */
+            const int64_t tile = task / nsplit, split = task % nsplit;
+            int64_t lo = 0, hi = pb->batch; /* the sequence holding this tile */
             while (hi - lo > 1) {
                 int64_t mid = (lo + hi) / 2;
                 if (tile_start[mid] <= tile)
@@ -449,8 +450,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
                     hi = mid;
             }
             int64_t local = tile - tile_start[lo];
-            run_task(ops, &tk, &s, lo, local % groups, local / groups, task % nsplit, nsplit,
-                     partial);
+            run_task(ops, &tk, &s, lo, local % groups, local / groups, split, nsplit, partial);
         }
     }
     if (nsplit > 1)

@@ -378,6 +378,79 @@ FMHA_API fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_arg
  * reference is the exact answer for the inputs it is given). */
 FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *args);
 
+/* ------------------------------------------------------- decode: KV caches */
+
+/* Arguments of one decode call: new queries against each sequence's cached
+ * keys and values, FlashAttention's flash_attn_with_kvcache. Sequence b has
+ * cache_seqlens[b] tokens in the cache; when k_new / v_new are given, their
+ * seqlen_new tokens are first written into the cache after those (rotated
+ * where rotary is on), and the queries then see cache_seqlens[b] + seqlen_new
+ * keys. Masks are aligned as in fmha_forward_args: the last query sits at the
+ * last key (causal: query i sees keys j <= i + keys - seqlen_q).
+ *
+ *   q        [batch, seqlen_q, num_heads, head_dim]
+ *   k_cache  contiguous: [cache_batch, capacity, num_kv_heads, head_dim]
+ *            paged:      [num_pages, page_size, num_kv_heads, head_dim]
+ *   v_cache  as k_cache, with head_dim_v
+ *   k_new, v_new  [batch, seqlen_new, num_kv_heads, head_dim / head_dim_v],
+ *            or both with data NULL (and all dims 0): nothing appended
+ *   out      [batch, seqlen_q, num_heads, head_dim_v]; lse [batch, num_heads,
+ *            seqlen_q] contiguous f32 (optional)
+ *
+ * Paged caches (block_table != NULL): token t of sequence b lives in page
+ * block_table[b * block_table_stride + t / page_size], slot t % page_size;
+ * pages may come in any order, and the last one may be partly filled. Any
+ * page size >= 1. Sequences must not share a page they append to.
+ * Contiguous caches: sequence b uses row cache_batch_idx[b] of the cache
+ * (NULL: row b); capacity is k_cache.seqlen.
+ *
+ * Rotary embedding (rotary_dim > 0; the first rotary_dim channels of q and of
+ * the new keys, rotary_dim even and <= head_dim): rotary_cos and rotary_sin
+ * are contiguous f32 [rotary_len, rotary_dim / 2]. Channel pairs are (c,
+ * c + rotary_dim / 2) (GPT-NeoX) or, with rotary_interleaved, (2c, 2c + 1)
+ * (GPT-J). New key i of sequence b is at position cache_seqlens[b] + i; with
+ * causal or a window, query i is at cache_seqlens[b] + i too, else every query
+ * is at cache_seqlens[b], as FlashAttention places them. The rotated keys are
+ * what the cache keeps; q itself is not modified.
+ *
+ * Every argument is validated, on the host, before anything is written: a
+ * cache length past the capacity, a page index outside [0, num_pages), a
+ * block table too short for a sequence's tokens, a position past the rotary
+ * table — each INVALID_ARGUMENT naming the sequence and the value, the cache
+ * and out untouched. Dropout is not part of decoding: the layer's dropout_p
+ * must be 0. f32, f16 and bf16 caches; CPU memory (the CUDA kernels do not
+ * read caches yet: UNSUPPORTED there). */
+typedef struct fmha_kvcache_args {
+    fmha_tensor q;
+    fmha_tensor k_cache, v_cache;
+    fmha_tensor k_new, v_new;
+    fmha_tensor out;
+    float *lse;
+    const int32_t *cache_seqlens;   /* [batch]; NULL = every sequence's cache is full */
+    const int32_t *cache_batch_idx; /* contiguous caches: [batch]; NULL = sequence b, row b */
+    const int32_t *block_table;     /* paged: [batch, block_table_stride]; NULL = contiguous */
+    int64_t block_table_stride;     /* entries per sequence of block_table */
+    const float *rotary_cos, *rotary_sin; /* [rotary_len, rotary_dim / 2]; NULL = no rotary */
+    int64_t rotary_dim, rotary_len;
+    int rotary_interleaved;
+    int64_t num_splits; /* keys of a sequence split over up to this many parallel
+                           tasks whose results merge by their LSEs; 0 = chosen by
+                           fmha from the shape and the threads, 1 = no split */
+    void *stream;
+} fmha_kvcache_args;
+
+/* Runs one decode call on a layer (its heads, head dims, dtype, scale, masks
+ * and softcap). The layer's one-call-at-a-time rule holds (fmha_layer_forward). */
+FMHA_API fmha_status fmha_layer_decode(fmha_layer *layer, const fmha_kvcache_args *args);
+
+/* One-shot convenience: init, decode, free. */
+FMHA_API fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args);
+
+/* The float64 reference of fmha_decode: the same validation and the same
+ * writes into the cache (new keys rotated in float64, then rounded to the
+ * cache's dtype), attention in float64 with q rotated in float64. */
+FMHA_API fmha_status fmha_reference_decode(const fmha_config *cfg, const fmha_kvcache_args *args);
+
 /* -------------------------------------------------------------------- CUDA */
 
 /* 1 if this build has the CUDA backend (nvcc was found at build time). */

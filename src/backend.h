@@ -76,6 +76,13 @@ typedef struct fmha_backend {
      * of its KV head), the LSE of the unsmoothed scores. */
     fmha_status (*unsmooth_lse)(const fmha_problem *pb, const fmha_tensor *q, float *lse,
                                 const float *mean, void *stream);
+
+    /* Decode (a validated fmha_kvcache_args): writes the new keys and values
+     * into the caches, the keys rotated where a->rotary_dim > 0, and then q
+     * rotated into q_rot (a view of q's shape and dtype in the backend's
+     * memory). NULL where no kernel of the backend reads caches. */
+    fmha_status (*kv_append)(const fmha_problem *pb, const fmha_kvcache_args *a,
+                             const fmha_tensor *q_rot);
 } fmha_backend;
 
 #ifdef __cplusplus

@@ -26,7 +26,24 @@ typedef struct fmha_problem {
     double scale;            /* resolved softmax scale */
     uint32_t drop_threshold; /* keep iff philox word >= threshold; 0 = no dropout */
     double drop_rescale;     /* 1 / (1 - p) */
+
+    /* A decode call (fmha_layer_decode): k and v are KV caches, read
+     * through these; a forward call leaves them 0 / NULL. */
+    int kv_cache;
+    const int32_t *cache_seqlens; /* [batch] keys cached before the call; NULL: capacity */
+    int64_t capacity;             /* keys a sequence's cache holds */
+    int64_t seqlen_new;           /* keys the call appended after the cached ones */
+    const int32_t *kv_batch;      /* contiguous caches: [batch] the cache row of each sequence */
+    const int32_t *page_table;    /* paged caches: [batch][page_stride] */
+    int64_t page_stride, page_size;
+    int64_t num_splits; /* key splits asked for (0: the backend chooses) */
 } fmha_problem;
+
+/* Keys of sequence b in a decode call: cached plus appended. */
+static inline int64_t fmha_cache_keys(const fmha_problem *pb, int64_t b)
+{
+    return (pb->cache_seqlens ? pb->cache_seqlens[b] : pb->capacity) + pb->seqlen_new;
+}
 
 /* Per-sequence geometry: where sequence b starts and how long it is. */
 static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q0, int64_t *sq,
@@ -41,7 +58,7 @@ static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q
         *q0 = 0;
         *sq = pb->args->q.seqlen;
         *k0 = 0;
-        *sk = pb->args->k.seqlen;
+        *sk = pb->kv_cache ? fmha_cache_keys(pb, b) : pb->args->k.seqlen;
     }
 }
 
@@ -87,6 +104,37 @@ static inline char *fmha_row(const fmha_tensor *t, int64_t b, int64_t s, int64_t
 {
     const int64_t bytes = t->dtype == FMHA_DTYPE_F32 ? 4 : t->dtype == FMHA_DTYPE_F8_E4M3 ? 1 : 2;
     return (char *)t->data + fmha_tensor_offset(t, b, s, h) * bytes;
+}
+
+/* Address of key (or value) j of sequence b, KV head h, in `t` (the
+ * problem's k or v): through the page table or the cache rows of a decode
+ * call, else at the sequence's own tokens. */
+static inline char *fmha_kv_row(const fmha_problem *pb, const fmha_tensor *t, int64_t b, int64_t j,
+                                int64_t h)
+{
+    if (pb->page_table) {
+        const int64_t page = pb->page_table[b * pb->page_stride + j / pb->page_size];
+        return fmha_row(t, page, j % pb->page_size, h);
+    }
+    if (pb->varlen)
+        return fmha_row(t, 0, pb->args->cu_seqlens_k[b] + j, h);
+    return fmha_row(t, pb->kv_batch ? pb->kv_batch[b] : b, j, h);
+}
+
+/* Rotary embedding (fmha_kvcache_args): the channels (c1, c2) rotated as
+ * pair c < rotary_dim / 2, and the position of new query i of a sequence
+ * whose cache held `cached` keys. */
+static inline void fmha_rotary_pair(int64_t rotary_dim, int interleaved, int64_t c, int64_t *c1,
+                                    int64_t *c2)
+{
+    *c1 = interleaved ? 2 * c : c;
+    *c2 = interleaved ? 2 * c + 1 : c + rotary_dim / 2;
+}
+
+static inline int64_t fmha_rotary_q_pos(const fmha_config *cfg, int64_t cached, int64_t i)
+{
+    const int local = cfg->window_left >= 0 || cfg->window_right >= 0;
+    return cfg->causal || local ? cached + i : cached;
 }
 
 /* ---------------------------------------------------------- conversions */

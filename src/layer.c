@@ -191,6 +191,65 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
     return st;
 }
 
+/* A decode call on a layer that no other thread is using: validated, the
+ * plan refined (a kernel that reads no cache refuses here, before anything
+ * is written), the cache appended to, then attention on the direct path. */
+static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
+{
+    fmha_forward_args fwd;
+    fmha_problem pb;
+    fmha_plan call;
+    fmha_status st = fmha_plan_decode(&layer->plan);
+    if (st != FMHA_STATUS_OK ||
+        (st = fmha_validate_decode(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK)
+        return st;
+    pb.cfg = &layer->plan.cfg;
+    if ((st = fmha_plan_for_call(&layer->plan, &pb, &call)) != FMHA_STATUS_OK)
+        return st;
+    void *q_rot = NULL;
+    if (args->rotary_dim > 0 && pb.batch > 0 && pb.max_sq > 0) {
+        const size_t bytes =
+            (size_t)(pb.batch * pb.max_sq * pb.heads * pb.d) * fmha_dtype_size(args->q.dtype);
+        if ((st = layer->be->alloc(&q_rot, bytes)) != FMHA_STATUS_OK)
+            return st;
+        fwd.q = fmha_tensor_bshd(q_rot, args->q.dtype, pb.batch, pb.max_sq, pb.heads, pb.d);
+    }
+    if ((st = layer->be->kv_append(&pb, args, &fwd.q)) == FMHA_STATUS_OK && pb.batch > 0 &&
+        pb.max_sq > 0) {
+        layer->last = call;
+        st = layer->be->forward(&call, &pb, &layer->ws);
+    }
+    if (q_rot)
+        layer->be->free(q_rot);
+    return st;
+}
+
+fmha_status fmha_layer_decode(fmha_layer *layer, const fmha_kvcache_args *args)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
+    if (atomic_exchange(&layer->busy, 1))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "the layer is running a call on another thread: a layer runs one "
+                              "call at a time (it owns that call's scratch); give each thread "
+                              "its own layer (fmha_layer_init)");
+    fmha_status st = decode(layer, args);
+    atomic_store(&layer->busy, 0);
+    return st;
+}
+
+fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args)
+{
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    st = fmha_layer_decode(layer, args);
+    fmha_layer_free(layer);
+    return st;
+}
+
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)
 {
     fmha_layer *layer;

@@ -44,6 +44,7 @@ typedef struct fmha_kernel_desc {
     int sm90a;    /* machine code for compute capability 9.0 alone */
     int tma;      /* reads q, k, v through TMA: rows checked per call */
     int fallback; /* kernel id for views TMA cannot read; -1 = UNSUPPORTED */
+    int caches;   /* reads keys and values through KV caches (decode) */
 } fmha_kernel_desc;
 
 /* The table, indexed by kernel id (defined in select.c). */

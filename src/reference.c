@@ -8,48 +8,82 @@
 #include <omp.h>
 #include <stdlib.h>
 
-fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *a)
+/* Query row i of sequence b, head h, as float64 into qd: descaled, and for
+ * a decode call with rotary rotated (fmha.h) in float64. */
+static void load_q(const fmha_problem *pb, const fmha_kvcache_args *kv, int64_t b, int64_t i,
+                   int64_t h, double *qd)
 {
-    fmha_clear_error();
-    fmha_problem pb;
-    fmha_status st = fmha_validate_forward(cfg, a, &pb);
-    if (st != FMHA_STATUS_OK)
-        return st;
+    const fmha_forward_args *a = pb->args;
+    int64_t q0, sq, k0, sk;
+    fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
+    const char *qrow = fmha_row(&a->q, pb->varlen ? 0 : b, q0 + i, h);
+    const double dq = fmha_row_descale(pb, 0, b, q0 + i, h); /* 1 unless FP8 */
+    for (int64_t c = 0; c < pb->d; c++)
+        qd[c] = (double)fmha_load_f32(qrow, a->q.dtype, c) * dq;
+    if (!kv || kv->rotary_dim == 0)
+        return;
+    const int64_t half = kv->rotary_dim / 2;
+    const int64_t pos = fmha_rotary_q_pos(pb->cfg, sk - pb->seqlen_new, i);
+    for (int64_t c = 0; c < half; c++) {
+        int64_t c1, c2;
+        fmha_rotary_pair(kv->rotary_dim, kv->rotary_interleaved, c, &c1, &c2);
+        const double x1 = qd[c1], x2 = qd[c2];
+        const double cs = kv->rotary_cos[pos * half + c], sn = kv->rotary_sin[pos * half + c];
+        qd[c1] = x1 * cs - x2 * sn;
+        qd[c2] = x1 * sn + x2 * cs;
+    }
+}
 
+/* Each thread's scratch of attention(), allocated before anything is
+ * written: the scores of a row, its accumulator and its query. */
+static int64_t scratch_per_thread(const fmha_problem *pb)
+{
+    return (pb->max_sk > 0 ? pb->max_sk : 1) + pb->dv + pb->d;
+}
+
+static double *scratch_alloc(const fmha_config *cfg, const fmha_problem *pb, int *threads)
+{
+    *threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
+    double *s = fmha_malloc(sizeof(double) * (size_t)(scratch_per_thread(pb) * *threads));
+    if (!s)
+        fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
+    return s;
+}
+
+/* Attention of a validated problem on `threads` threads (scratch_alloc's),
+ * freeing `scratch`; kv: the decode call's arguments, or NULL. */
+static fmha_status attention(const fmha_config *cfg, const fmha_problem *ppb,
+                             const fmha_kvcache_args *kv, double *scratch, int threads)
+{
+    const fmha_problem pb = *ppb;
+    const fmha_forward_args *a = pb.args;
     const int64_t d = pb.d, dv = pb.dv;
     /* (sequence, head) pairs are independent: one thread each, so that the
-     * tests' large cases stay quick; every row's sums run in the same order.
-     * Each thread's scratch is allocated before anything is written. */
-    const int threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
-    const int64_t per_thread = (pb.max_sk > 0 ? pb.max_sk : 1) + dv;
-    double *scratch = fmha_malloc(sizeof(double) * (size_t)(per_thread * threads));
-    if (!scratch)
-        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
+     * tests' large cases stay quick; every row's sums run in the same order. */
+    const int64_t per_thread = scratch_per_thread(&pb);
 
 #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
     for (int64_t b = 0; b < pb.batch; b++) {
         for (int64_t h = 0; h < pb.heads; h++) {
             double *scores = scratch + per_thread * omp_get_thread_num();
-            double *acc = scores + (per_thread - dv);
+            double *acc = scores + (per_thread - dv - d), *qd = acc + dv;
             int64_t q0, sq, k0, sk;
             fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
             /* padded batches index tensor batch b; packed ones token offsets */
             const int64_t tb = pb.varlen ? 0 : b;
             const int64_t hk = h / pb.group; /* the KV head serving this query head */
             for (int64_t i = 0; i < sq; i++) {
-                const char *qrow = fmha_row(&a->q, tb, q0 + i, h);
-                const double dq = fmha_row_descale(&pb, 0, b, q0 + i, h);
+                load_q(&pb, kv, b, i, h, qd);
                 int64_t lo, hi;
                 fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
 
                 double m = -INFINITY;
                 for (int64_t j = lo; j < hi; j++) {
-                    const char *krow = fmha_row(&a->k, tb, k0 + j, hk);
+                    const char *krow = fmha_kv_row(&pb, &a->k, b, j, hk);
                     double s = 0.0;
                     for (int64_t c = 0; c < d; c++)
-                        s += (double)fmha_load_f32(qrow, a->q.dtype, c) *
-                             (double)fmha_load_f32(krow, a->k.dtype, c);
-                    s *= dq * fmha_row_descale(&pb, 1, b, k0 + j, hk); /* 1 unless FP8 */
+                        s += qd[c] * (double)fmha_load_f32(krow, a->k.dtype, c);
+                    s *= fmha_row_descale(&pb, 1, b, k0 + j, hk); /* 1 unless FP8 */
                     s *= pb.scale;
                     if (cfg->softcap > 0.0)
                         s = cfg->softcap * tanh(s / cfg->softcap);
@@ -75,7 +109,7 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
                             continue;
                         p *= pb.drop_rescale;
                     }
-                    const char *vrow = fmha_row(&a->v, tb, k0 + j, hk);
+                    const char *vrow = fmha_kv_row(&pb, &a->v, b, j, hk);
                     p *= fmha_row_descale(&pb, 2, b, k0 + j, hk);
                     for (int64_t c = 0; c < dv; c++)
                         acc[c] += p * (double)fmha_load_f32(vrow, a->v.dtype, c);
@@ -95,4 +129,62 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
     }
     fmha_free(scratch);
     return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_args *a)
+{
+    fmha_clear_error();
+    fmha_problem pb;
+    fmha_status st = fmha_validate_forward(cfg, a, &pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    int threads;
+    double *scratch = scratch_alloc(cfg, &pb, &threads);
+    return scratch ? attention(cfg, &pb, NULL, scratch, threads) : FMHA_STATUS_OUT_OF_MEMORY;
+}
+
+/* The new keys and values into the caches: rotated in float64, rounded once
+ * to the cache's dtype. */
+static void append(const fmha_problem *pb, const fmha_kvcache_args *kv)
+{
+    const int64_t half = kv->rotary_dim / 2;
+    for (int64_t b = 0; b < pb->batch; b++)
+        for (int64_t i = 0; i < pb->seqlen_new; i++) {
+            const int64_t pos = fmha_cache_keys(pb, b) - pb->seqlen_new + i;
+            for (int64_t h = 0; h < pb->kv_heads; h++) {
+                const char *kn = fmha_row(&kv->k_new, b, i, h);
+                char *kd = fmha_kv_row(pb, &pb->args->k, b, pos, h);
+                for (int64_t c = 0; c < pb->d; c++)
+                    fmha_store_f32(kd, kv->k_new.dtype, c, fmha_load_f32(kn, kv->k_new.dtype, c));
+                for (int64_t c = 0; c < half; c++) {
+                    int64_t c1, c2;
+                    fmha_rotary_pair(kv->rotary_dim, kv->rotary_interleaved, c, &c1, &c2);
+                    const double x1 = fmha_load_f32(kn, kv->k_new.dtype, c1);
+                    const double x2 = fmha_load_f32(kn, kv->k_new.dtype, c2);
+                    const double cs = kv->rotary_cos[pos * half + c];
+                    const double sn = kv->rotary_sin[pos * half + c];
+                    fmha_store_f32(kd, kv->k_new.dtype, c1, (float)(x1 * cs - x2 * sn));
+                    fmha_store_f32(kd, kv->k_new.dtype, c2, (float)(x1 * sn + x2 * cs));
+                }
+                const char *vn = fmha_row(&kv->v_new, b, i, h);
+                char *vd = fmha_kv_row(pb, &pb->args->v, b, pos, h);
+                memcpy(vd, vn, (size_t)pb->dv * fmha_dtype_size(kv->v_new.dtype));
+            }
+        }
+}
+
+fmha_status fmha_reference_decode(const fmha_config *cfg, const fmha_kvcache_args *kv)
+{
+    fmha_clear_error();
+    fmha_forward_args fwd;
+    fmha_problem pb;
+    fmha_status st = fmha_validate_config(cfg);
+    if (st != FMHA_STATUS_OK || (st = fmha_validate_decode(cfg, kv, &fwd, &pb)) != FMHA_STATUS_OK)
+        return st;
+    int threads;
+    double *scratch = scratch_alloc(cfg, &pb, &threads);
+    if (!scratch)
+        return FMHA_STATUS_OUT_OF_MEMORY;
+    append(&pb, kv);
+    return attention(cfg, &pb, kv, scratch, threads);
 }

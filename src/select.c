@@ -23,8 +23,10 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                                65536,                                                \
                                0,                                                    \
                                0,                                                    \
-                               -1},
-#define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback) \
+                               -1,                                                   \
+                               1},
+#define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback, \
+                         caches)                                                                  \
     [FMHA_KERNEL_ID_##                                                                            \
         name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},             \
                  min_sm,                                                                          \
@@ -35,7 +37,8 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                  max_d,                                                                           \
                  sm90a,                                                                           \
                  FMHA_TMA_##compute,                                                              \
-                 FMHA_KERNEL_ID_##fallback},
+                 FMHA_KERNEL_ID_##fallback,                                                       \
+                 caches},
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1
@@ -357,6 +360,16 @@ static int cluster_fits(const fmha_plan *plan, const fmha_problem *pb)
            (plan->knobs.cluster == FMHA_CLUSTER_ON || pb->max_sk >= CLUSTER_MIN_KEYS) &&
            !pb->drop_threshold && uniform && plan->knobs.schedule != FMHA_SCHEDULE_TILES &&
            tiles_x % 2 == 0;
+}
+
+fmha_status fmha_plan_decode(const fmha_plan *plan)
+{
+    if (!plan->kernel->caches)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "%s does not read KV caches: decode calls (fmha_layer_decode) run on "
+                              "CPU layers for now",
+                              plan->kernel->info.name);
+    return FMHA_STATUS_OK;
 }
 
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call)

@@ -23,6 +23,11 @@ fmha_status fmha_plan_make(const fmha_config *cfg, fmha_plan *plan);
  * not take, clusters and two-level accumulation from the lengths. */
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call);
 
+/* Whether the plan's kernel reads KV caches (decode calls): OK, or
+ * UNSUPPORTED with the reason. Asked before a decode call is validated, which
+ * reads its lengths and page tables on the host. */
+fmha_status fmha_plan_decode(const fmha_plan *plan);
+
 /* One line describing a plan, e.g. "cuda_hopper_sm90 (wgmma): bf16, head dim
  * 128 variant, tile 128x176, schedule split, clusters auto". */
 void fmha_plan_describe(const fmha_plan *plan, char *buf, size_t len);

@@ -150,6 +150,28 @@ static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total,
     return FMHA_STATUS_OK;
 }
 
+/* Rows of out that share memory would each be written by whichever task
+ * comes last, so the result would depend on the thread schedule. Along one
+ * dim the overlap is certain when the stride is below the row's length (0: a
+ * broadcast view, which suits inputs only); overlaps across two dims are not
+ * looked for (fmha.h). */
+static fmha_status check_out_rows(const fmha_tensor *out)
+{
+    const int64_t out_dims[3] = {out->batch, out->seqlen, out->heads};
+    const int64_t out_strides[3] = {out->stride_batch, out->stride_seq, out->stride_head};
+    const char *out_names[3] = {"batch", "seqlen", "heads"};
+    const char *out_stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
+    const int out_empty = out->batch == 0 || out->seqlen == 0; /* no row at all */
+    for (int i = 0; i < 3 && !out_empty; i++)
+        if (out_dims[i] > 1 && out_strides[i] < out->head_dim)
+            return INVALID("out.%s (%lld) is below out.head_dim (%lld) with out.%s %lld: rows of "
+                           "out would overlap, and what they hold would depend on the order of "
+                           "the writes; give each row of out its own memory",
+                           out_stride_names[i], (long long)out_strides[i], (long long)out->head_dim,
+                           out_names[i], (long long)out_dims[i]);
+    return FMHA_STATUS_OK;
+}
+
 /* The descales of FP8 inputs: present only for f8_e4m3, a known layout, and
  * on the CPU (host memory) every entry finite and > 0. */
 static fmha_status validate_descales(const fmha_config *cfg, const fmha_forward_args *a,
@@ -252,23 +274,8 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         return INVALID("v.head_dim (%lld) and out.head_dim (%lld) must equal head_dim_v (%lld)",
                        (long long)a->v.head_dim, (long long)a->out.head_dim,
                        (long long)cfg->head_dim_v);
-    /* Rows of out that share memory would each be written by whichever task
-     * comes last, so the result would depend on the thread schedule. Along one
-     * dim the overlap is certain when the stride is below the row's length
-     * (0: a broadcast view, which suits inputs only); overlaps across two
-     * dims are not looked for (fmha.h). */
-    const int64_t out_dims[3] = {a->out.batch, a->out.seqlen, a->out.heads};
-    const int64_t out_strides[3] = {a->out.stride_batch, a->out.stride_seq, a->out.stride_head};
-    const char *out_names[3] = {"batch", "seqlen", "heads"};
-    const char *out_stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
-    const int out_empty = a->out.batch == 0 || a->out.seqlen == 0; /* no row at all */
-    for (int i = 0; i < 3 && !out_empty; i++)
-        if (out_dims[i] > 1 && out_strides[i] < a->out.head_dim)
-            return INVALID("out.%s (%lld) is below out.head_dim (%lld) with out.%s %lld: rows of "
-                           "out would overlap, and what they hold would depend on the order of "
-                           "the writes; give each row of out its own memory",
-                           out_stride_names[i], (long long)out_strides[i],
-                           (long long)a->out.head_dim, out_names[i], (long long)out_dims[i]);
+    if ((st = check_out_rows(&a->out)) != FMHA_STATUS_OK)
+        return st;
     if (a->q.batch != a->k.batch || a->q.batch != a->v.batch || a->q.batch != a->out.batch)
         return INVALID("batch sizes differ: q %lld, k %lld, v %lld, out %lld",
                        (long long)a->q.batch, (long long)a->k.batch, (long long)a->v.batch,
@@ -393,4 +400,200 @@ fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, c
                        (long long)r.n_batch, (long long)r.n_head, (long long)r.n_block);
     *g = r;
     return FMHA_STATUS_OK;
+}
+
+/* ------------------------------------------------------------------ decode */
+
+/* The rotary table covers every position the call rotates (fmha.h). */
+static fmha_status check_rotary(const fmha_config *cfg, const fmha_kvcache_args *a,
+                                const fmha_problem *pb)
+{
+    if (a->rotary_dim == 0) {
+        if (a->rotary_cos || a->rotary_sin)
+            return INVALID("rotary_cos / rotary_sin are given but rotary_dim is 0: set rotary_dim "
+                           "to the rotated channels, or pass NULL");
+        return FMHA_STATUS_OK;
+    }
+    if (a->rotary_dim < 0 || a->rotary_dim % 2 || a->rotary_dim > cfg->head_dim)
+        return INVALID("rotary_dim (%lld) must be even and in [2, head_dim = %lld] (0: no rotary)",
+                       (long long)a->rotary_dim, (long long)cfg->head_dim);
+    if (!a->rotary_cos || !a->rotary_sin)
+        return INVALID("rotary_dim is %lld but rotary_cos or rotary_sin is NULL: pass both "
+                       "tables, f32 [rotary_len, rotary_dim / 2]",
+                       (long long)a->rotary_dim);
+    if (a->rotary_len <= 0)
+        return INVALID("rotary_len (%lld) must be positive: the rows of rotary_cos and rotary_sin",
+                       (long long)a->rotary_len);
+    if (!a->k_new.data)
+        return INVALID("rotary embedding rotates the new keys as they enter the cache: pass k_new "
+                       "and v_new with rotary_cos / rotary_sin");
+    for (int64_t b = 0; b < pb->batch; b++) {
+        const int64_t cached = fmha_cache_keys(pb, b) - pb->seqlen_new;
+        const int64_t last_q = fmha_rotary_q_pos(cfg, cached, a->q.seqlen - 1);
+        const int64_t last =
+            cached + pb->seqlen_new - 1 > last_q ? cached + pb->seqlen_new - 1 : last_q;
+        if (last >= a->rotary_len)
+            return INVALID("sequence %lld rotates position %lld, past rotary_len (%lld): the "
+                           "rotary tables need a row per position up to the longest sequence",
+                           (long long)b, (long long)last, (long long)a->rotary_len);
+    }
+    return FMHA_STATUS_OK;
+}
+
+/* Where the caches are and how many keys each sequence has: cache rows or
+ * pages, lengths within the capacity, every page a page of the cache. */
+static fmha_status check_cache_layout(const fmha_kvcache_args *a, fmha_problem *pb)
+{
+    const fmha_tensor *kc = &a->k_cache;
+    if (a->block_table) {
+        if (a->cache_batch_idx)
+            return INVALID("cache_batch_idx picks rows of a contiguous cache; with a block_table "
+                           "the pages say where each sequence lives: pass NULL");
+        if (a->block_table_stride <= 0)
+            return INVALID("block_table_stride (%lld) must be positive: the entries of each "
+                           "sequence's row of block_table",
+                           (long long)a->block_table_stride);
+        pb->page_table = a->block_table;
+        pb->page_stride = a->block_table_stride;
+        pb->page_size = kc->seqlen;
+        if (mul_overflows(pb->page_stride, pb->page_size, &pb->capacity))
+            return INVALID("block_table_stride x page_size (%lld x %lld) overflows int64",
+                           (long long)pb->page_stride, (long long)pb->page_size);
+    } else {
+        pb->capacity = kc->seqlen;
+        pb->kv_batch = a->cache_batch_idx;
+        for (int64_t b = 0; a->cache_batch_idx && b < pb->batch; b++)
+            if (a->cache_batch_idx[b] < 0 || a->cache_batch_idx[b] >= kc->batch)
+                return INVALID(
+                    "cache_batch_idx[%lld] (%d) is not a row of the cache (k_cache.batch "
+                    "= %lld)",
+                    (long long)b, (int)a->cache_batch_idx[b], (long long)kc->batch);
+        if (!a->cache_batch_idx && kc->batch < pb->batch)
+            return INVALID("k_cache.batch (%lld) is below q.batch (%lld): give every sequence a "
+                           "row of the cache, or pass cache_batch_idx",
+                           (long long)kc->batch, (long long)pb->batch);
+    }
+    if (!a->cache_seqlens && pb->seqlen_new > 0)
+        return INVALID("cache_seqlens is NULL (every cache full) but k_new brings %lld tokens: "
+                       "pass cache_seqlens, the tokens each cache holds before the call",
+                       (long long)pb->seqlen_new);
+    pb->cache_seqlens = a->cache_seqlens;
+    pb->max_sk = 0;
+    for (int64_t b = 0; b < pb->batch; b++) {
+        const int64_t cached = a->cache_seqlens ? a->cache_seqlens[b] : pb->capacity;
+        if (cached < 0)
+            return INVALID("cache_seqlens[%lld] (%lld) must be non-negative", (long long)b,
+                           (long long)cached);
+        if (cached > pb->capacity - pb->seqlen_new)
+            return INVALID("sequence %lld needs %lld keys (cache_seqlens %lld + %lld new), past "
+                           "the cache's capacity of %lld%s: grow the cache%s",
+                           (long long)b, (long long)(cached + pb->seqlen_new), (long long)cached,
+                           (long long)pb->seqlen_new, (long long)pb->capacity,
+                           a->block_table ? " (block_table_stride x page_size)" : "",
+                           a->block_table ? " or the block table" : "");
+        const int64_t keys = cached + pb->seqlen_new;
+        if (keys > pb->max_sk)
+            pb->max_sk = keys;
+        if (!a->block_table)
+            continue;
+        for (int64_t p = 0; p < (keys + pb->page_size - 1) / pb->page_size; p++) {
+            const int32_t page = a->block_table[b * pb->page_stride + p];
+            if (page < 0 || page >= kc->batch)
+                return INVALID("block_table[%lld][%lld] (%d) is not a page of the cache: pages are "
+                               "[0, %lld) (k_cache.batch)",
+                               (long long)b, (long long)p, (int)page, (long long)kc->batch);
+        }
+    }
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args *a,
+                                 fmha_forward_args *fwd, fmha_problem *pb)
+{
+    fmha_status st;
+    if (!a)
+        return INVALID("decode args are NULL");
+    if (cfg->dtype == FMHA_DTYPE_F8_E4M3)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "decode reads f32, f16 or bf16 caches; FP8 caches are not built yet");
+    if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "this layer quantizes q, k and v to FP8 on every call (fp8_compute), "
+                              "which a cache of past keys does not suit: decode on a layer with "
+                              "fp8_compute off");
+    if (cfg->dropout_p != 0.0)
+        return INVALID("dropout_p (%g) must be 0 for decoding: build the decode layer without "
+                       "dropout",
+                       cfg->dropout_p);
+    const int has_new = a->k_new.data || a->v_new.data;
+    const fmha_tensor *ts[6] = {&a->q, &a->out, &a->k_cache, &a->v_cache, &a->k_new, &a->v_new};
+    const char *names[6] = {"q", "out", "k_cache", "v_cache", "k_new", "v_new"};
+    for (int i = 0; i < (has_new ? 6 : 4); i++)
+        if ((st = check_tensor(ts[i], names[i], i != 2 && i != 3)) != FMHA_STATUS_OK)
+            return st;
+    for (int i = 0; i < (has_new ? 6 : 4); i++)
+        if (i != 1 && ts[i]->dtype != cfg->dtype)
+            return INVALID("%s.dtype (%s) differs from the layer's dtype (%s)", names[i],
+                           fmha_dtype_name(ts[i]->dtype), fmha_dtype_name(cfg->dtype));
+    if (a->out.dtype == FMHA_DTYPE_F8_E4M3)
+        return INVALID("out.dtype f8_e4m3 is not an output dtype: use f32, f16 or bf16");
+    if ((st = check_out_rows(&a->out)) != FMHA_STATUS_OK)
+        return st;
+    const int64_t want_heads[6] = {cfg->num_heads,    cfg->num_heads,    cfg->num_kv_heads,
+                                   cfg->num_kv_heads, cfg->num_kv_heads, cfg->num_kv_heads};
+    const int64_t want_dim[6] = {cfg->head_dim,   cfg->head_dim_v, cfg->head_dim,
+                                 cfg->head_dim_v, cfg->head_dim,   cfg->head_dim_v};
+    for (int i = 0; i < (has_new ? 6 : 4); i++)
+        if (ts[i]->heads != want_heads[i] || ts[i]->head_dim != want_dim[i])
+            return INVALID("%s has %lld heads of dim %lld; this layer needs %lld of dim %lld",
+                           names[i], (long long)ts[i]->heads, (long long)ts[i]->head_dim,
+                           (long long)want_heads[i], (long long)want_dim[i]);
+    if (a->out.batch != a->q.batch || a->out.seqlen != a->q.seqlen)
+        return INVALID("out [%lld, %lld] differs from q [%lld, %lld] in batch or seqlen",
+                       (long long)a->out.batch, (long long)a->out.seqlen, (long long)a->q.batch,
+                       (long long)a->q.seqlen);
+    if (a->v_cache.batch != a->k_cache.batch || a->v_cache.seqlen != a->k_cache.seqlen)
+        return INVALID("v_cache [%lld, %lld] differs from k_cache [%lld, %lld] in its first two "
+                       "dims: keys and values share their cache layout",
+                       (long long)a->v_cache.batch, (long long)a->v_cache.seqlen,
+                       (long long)a->k_cache.batch, (long long)a->k_cache.seqlen);
+    if (has_new && (!a->k_new.data || !a->v_new.data || a->k_new.batch != a->q.batch ||
+                    a->v_new.batch != a->q.batch || a->k_new.seqlen != a->v_new.seqlen))
+        return INVALID("k_new [%lld, %lld] and v_new [%lld, %lld] must both be given, with "
+                       "q's batch (%lld) and one seqlen: the tokens appended to each sequence",
+                       (long long)a->k_new.batch, (long long)a->k_new.seqlen,
+                       (long long)a->v_new.batch, (long long)a->v_new.seqlen,
+                       (long long)a->q.batch);
+    if (a->num_splits < 0)
+        return INVALID("num_splits (%lld) must be >= 0 (0: fmha chooses)",
+                       (long long)a->num_splits);
+
+    memset(pb, 0, sizeof *pb);
+    memset(fwd, 0, sizeof *fwd);
+    fwd->q = a->q;
+    fwd->k = a->k_cache;
+    fwd->v = a->v_cache;
+    fwd->out = a->out;
+    fwd->lse = a->lse;
+    fwd->stream = a->stream;
+    pb->cfg = cfg;
+    pb->args = fwd;
+    pb->kv_cache = 1;
+    pb->batch = a->q.batch;
+    pb->heads = cfg->num_heads;
+    pb->kv_heads = cfg->num_kv_heads;
+    pb->group = cfg->num_heads / cfg->num_kv_heads;
+    pb->d = cfg->head_dim;
+    pb->dv = cfg->head_dim_v;
+    pb->max_sq = a->q.seqlen;
+    pb->seqlen_new = has_new ? a->k_new.seqlen : 0;
+    pb->num_splits = a->num_splits;
+    pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
+    pb->drop_rescale = 1.0;
+    if (pb->batch > INT32_MAX / pb->heads)
+        return INVALID("batch x heads (%lld x %lld) exceeds 2^31", (long long)pb->batch,
+                       (long long)pb->heads);
+    if ((st = check_cache_layout(a, pb)) != FMHA_STATUS_OK)
+        return st;
+    return check_rotary(cfg, a, pb);
 }

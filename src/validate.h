@@ -21,6 +21,12 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
 fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,
                                   fmha_problem *pb);
 
+/* Checks a decode call's arguments against a configuration that passed
+ * fmha_validate_config, and fills `pb`, whose args become `fwd`: q, the
+ * caches as k and v, out and lse. Nothing is written. */
+fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args *a,
+                                 fmha_forward_args *fwd, fmha_problem *pb);
+
 /* Checks the arguments of an FP8 quantization, for every backend, and fills
  * `g`. The values of x are not read here: the CPU quantizer refuses
  * infinities itself. */

@@ -378,6 +378,120 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 # ------------------------------------------------------------------ the layer
 
 
+def _int32_array(x, name, ref, ndim):
+    """An index array (cache_seqlens, cache_batch_idx, block_table) as
+    contiguous int32 where libfmha reads it (T.cu_seqlens' rules), with its
+    shape; a Python int for a 1-d one is broadcast by the caller."""
+    shape = tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+    if len(shape) != ndim:
+        raise ValueError("%s must be %d-d, got shape %s" % (name, ndim, list(shape)))
+    flat = x.reshape(-1) if hasattr(x, "reshape") else np.asarray(x).reshape(-1)
+    obj, ptr, _ = T.cu_seqlens(flat, name, ref)
+    return obj, ptr, shape
+
+
+def _rotary_table(x, name, ref):
+    """A rotary table [rotary_len, rotary_dim / 2] as contiguous float32 in
+    q's memory."""
+    if T.is_torch(x):
+        t = x.detach().float().contiguous()
+        if ref.device == "cpu":
+            t = t.cpu().numpy()
+        return t, T.data_ptr(t), tuple(t.shape)
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    return a, a.ctypes.data, a.shape
+
+
+def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            block_table, opts, rotary_interleaved, num_splits, out, return_lse, layer_for=None):
+    return_lse = T.flag(return_lse, "return_lse")
+    T.check_no_grad(q, k_cache, v_cache, k, v)
+    if (k is None) != (v is None):
+        raise ValueError("k and v (the new tokens) must be given together")
+    qv = T.view(q, "q", 4)
+    kcv = T.view(k_cache, "k_cache", 4, writable=k is not None)
+    vcv = T.view(v_cache, "v_cache", 4, writable=k is not None)
+    knv = T.view(k, "k", 4) if k is not None else None
+    vnv = T.view(v, "v", 4) if v is not None else None
+    T.same_device(qv, kcv, vcv, knv, vnv)
+    B, Sq, H, D = qv.shape
+    Hkv, Dv = kcv.shape[2], vcv.shape[3]
+    out, ov = _out_view(out, qv, (B, Sq, H, Dv))
+    T.same_device(qv, ov)
+    lse = T.empty(qv, (B, H, Sq), "f32") if return_lse else None
+    a = _lib.KvcacheArgs()
+    a.q, a.k_cache, a.v_cache, a.out = qv.tensor(), kcv.tensor(), vcv.tensor(), ov.tensor()
+    if knv is not None:
+        a.k_new, a.v_new = knv.tensor(), vnv.tensor()
+    a.lse = T.data_ptr(lse)
+    keep = []  # converted index arrays and tables: alive through the call
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, (int, np.integer)):
+            cache_seqlens = np.full(B, int(cache_seqlens), dtype=np.int64)
+        obj, a.cache_seqlens, shape = _int32_array(cache_seqlens, "cache_seqlens", qv, 1)
+        if shape[0] != B:
+            raise ValueError("cache_seqlens has %d entries for a batch of %d" % (shape[0], B))
+        keep.append(obj)
+    if cache_batch_idx is not None:
+        obj, a.cache_batch_idx, shape = _int32_array(cache_batch_idx, "cache_batch_idx", qv, 1)
+        if shape[0] != B:
+            raise ValueError("cache_batch_idx has %d entries for a batch of %d" % (shape[0], B))
+        keep.append(obj)
+    if block_table is not None:
+        obj, a.block_table, shape = _int32_array(block_table, "block_table", qv, 2)
+        if shape[0] != B:
+            raise ValueError("block_table has %d rows for a batch of %d" % (shape[0], B))
+        a.block_table_stride = shape[1]
+        keep.append(obj)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        cos, a.rotary_cos, cshape = _rotary_table(rotary_cos, "rotary_cos", qv)
+        sin, a.rotary_sin, sshape = _rotary_table(rotary_sin, "rotary_sin", qv)
+        if len(cshape) != 2 or cshape != sshape:
+            raise ValueError("rotary_cos and rotary_sin must both be [rotary_len, rotary_dim / 2], "
+                             "got %s and %s" % (list(cshape), list(sshape)))
+        a.rotary_len, a.rotary_dim = cshape[0], 2 * cshape[1]
+        a.rotary_interleaved = int(T.flag(rotary_interleaved, "rotary_interleaved"))
+        keep += [cos, sin]
+    a.num_splits = 0 if num_splits is None else T.int64(num_splits, "num_splits")
+    cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
+    with _cuda_context(qv) as stream:
+        a.stream = stream
+        if layer_for is not None:
+            layer_for(cfg, qv).decode(a)
+        else:
+            _lib.raise_for_status(_lib.fmha_decode(cfg, a))
+    del keep
+    return (out, lse) if return_lse else out
+
+
+def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
+                      cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
+                      rotary_interleaved=True, causal=False, softmax_scale=None,
+                      window=(-1, -1), softcap=0.0, num_splits=0, return_lse=False, out=None):
+    """Decode: new queries q [B, Sq, H, D] against KV caches, as
+    flash_attn_with_kvcache (fmha_decode in C).
+
+    k_cache / v_cache: [B_cache, capacity, Hkv, D / Dv] (row cache_batch_idx[b],
+    default b, for sequence b), or with block_table [B, max_pages] int32 a
+    page pool [num_pages, page_size, Hkv, D / Dv]. cache_seqlens (an int or
+    [B] integers; None = every cache full) is the tokens each sequence has
+    cached; k / v [B, Snew, Hkv, D / Dv], when given, are written into the
+    caches after them (in place) and attended to. rotary_cos / rotary_sin
+    [rotary_len, rotary_dim / 2] rotate the new keys at their positions and
+    q (at cache_seqlens + i when causal or windowed, else at cache_seqlens);
+    rotary_interleaved pairs channels (2i, 2i + 1) instead of (i, i + D/2).
+    Masks are aligned bottom-right as in attention(). num_splits: key splits
+    per sequence (0: chosen by fmha). CPU arrays and tensors.
+
+    Returns out [B, Sq, H, Dv], or (out, lse [B, H, Sq] float32)."""
+    opts = _Options(causal, softmax_scale, window, softcap, 0.0)
+    return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                   cache_batch_idx, block_table, opts, rotary_interleaved, num_splits, out,
+                   return_lse)
+
+
 class Attention:
     """An attention layer of a model: its head counts, head size and options
     are fixed and validated at construction, so a bad GQA shape fails here:
@@ -502,6 +616,16 @@ class Attention:
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        self._opts, out, return_lse, seed, self._layer_for,
                        (q_descale, k_descale, v_descale))
+
+    def decode(self, q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
+               cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
+               rotary_interleaved=True, num_splits=0, out=None, return_lse=False):
+        """One decode step of this layer against its KV caches: the
+        arguments and result of kvcache_attention(), with this layer's heads,
+        scale, masks and softcap (its dropout_p must be 0)."""
+        return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                       cache_batch_idx, block_table, self._opts, rotary_interleaved, num_splits,
+                       out, return_lse, self._layer_for)
 
     def __repr__(self):
         return ("Attention(num_heads=%d, head_size=%d, num_kv_heads=%d, causal=%s, "

@@ -110,6 +110,30 @@ class ForwardArgs(Structure):
     ]
 
 
+class KvcacheArgs(Structure):
+    """fmha_kvcache_args: one decode call against KV caches."""
+    _fields_ = [
+        ("q", Tensor),
+        ("k_cache", Tensor),
+        ("v_cache", Tensor),
+        ("k_new", Tensor),
+        ("v_new", Tensor),
+        ("out", Tensor),
+        ("lse", c_void_p),              # float *
+        ("cache_seqlens", c_void_p),    # const int32_t *
+        ("cache_batch_idx", c_void_p),
+        ("block_table", c_void_p),
+        ("block_table_stride", c_int64),
+        ("rotary_cos", c_void_p),       # const float *
+        ("rotary_sin", c_void_p),
+        ("rotary_dim", c_int64),
+        ("rotary_len", c_int64),
+        ("rotary_interleaved", c_int),
+        ("num_splits", c_int64),
+        ("stream", c_void_p),
+    ]
+
+
 class KernelInfo(Structure):
     """fmha_kernel_info: which kernel runs a configuration."""
     _fields_ = [
@@ -213,6 +237,10 @@ fmha_layer_path_name = _proto("fmha_layer_path_name", c_char_p, c_int)
 fmha_forward = _proto("fmha_forward", c_int, POINTER(Config), POINTER(ForwardArgs))
 fmha_reference_forward = _proto("fmha_reference_forward", c_int, POINTER(Config),
                                 POINTER(ForwardArgs))
+fmha_layer_decode = _proto("fmha_layer_decode", c_int, c_void_p, POINTER(KvcacheArgs))
+fmha_decode = _proto("fmha_decode", c_int, POINTER(Config), POINTER(KvcacheArgs))
+fmha_reference_decode = _proto("fmha_reference_decode", c_int, POINTER(Config),
+                               POINTER(KvcacheArgs))
 fmha_cuda_backend_built = _proto("fmha_cuda_backend_built", c_int)
 fmha_cuda_device_count = _proto("fmha_cuda_device_count", c_int)
 fmha_cuda_device_describe = _proto("fmha_cuda_device_describe", c_int, c_int, c_char_p, c_size_t)
@@ -285,6 +313,10 @@ class Layer:
     def forward(self, args):
         with self.lock:
             raise_for_status(fmha_layer_forward(self.handle, ctypes.byref(args)))
+
+    def decode(self, args):
+        with self.lock:
+            raise_for_status(fmha_layer_decode(self.handle, ctypes.byref(args)))
 
     def close(self):
         self._finalizer()

@@ -6,7 +6,9 @@ so `from fmha.flash_attn import flash_attn_func` can replace
 Differences from flash_attn:
 - forward only: torch inputs that require grad (with grad enabled) raise
   NotImplementedError rather than return an output without a gradient;
-- alibi_slopes and block_table (paged KV) raise NotImplementedError;
+- alibi_slopes, cache_leftpad, and block_table of flash_attn_varlen_func
+  (paged prefill) raise NotImplementedError; flash_attn_with_kvcache takes
+  block_table (paged KV caches) on the CPU;
 - `deterministic` is accepted and ignored (fmha's forward is deterministic);
 - dropout draws its seed from fmha's generator (fmha.manual_seed), not
   torch's;
@@ -24,7 +26,7 @@ from ._tensors import as_array
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
            "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
-           "flash_attn_varlen_kvpacked_func"]
+           "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
 
 
 def _unsupported(alibi_slopes, block_table=None):
@@ -133,6 +135,31 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
                    return_attn_probs, (q_descale, k_descale, v_descale))
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """q [B, Sq, H, D] against k_cache / v_cache [B_cache, S_cache, Hkv, D]
+    (or pages [num_pages, page_size, Hkv, D] with block_table [B, max_pages]),
+    appending k / v [B, Snew, Hkv, D] in place at cache_seqlens first (rotated
+    by rotary_cos / rotary_sin where given) -> out [B, Sq, H, D]; with
+    return_softmax_lse: (out, softmax_lse [B, H, Sq] float32).
+    fmha.kvcache_attention documents each argument."""
+    _unsupported(alibi_slopes)
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad is not supported by fmha: keep each sequence's "
+                                  "cache left-aligned and pass cache_leftpad=None")
+    return _api.kvcache_attention(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                                  cache_batch_idx=cache_batch_idx, block_table=block_table,
+                                  rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                  rotary_interleaved=rotary_interleaved, causal=causal,
+                                  softmax_scale=softmax_scale, window=window_size,
+                                  softcap=softcap, num_splits=num_splits,
+                                  return_lse=return_softmax_lse)
 
 
 def _check_packed(x, name, ndim, axis, n, layout):

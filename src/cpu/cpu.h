@@ -37,6 +37,11 @@ void fmha_cpu_workspace_free(fmha_cpu_workspace *ws);
 fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
                              fmha_cpu_workspace *ws);
 
+/* Decode: the new keys and values into the caches, and q rotated
+ * (backend.h's kv_append; cpu_kvcache.c). */
+fmha_status fmha_cpu_kv_append(const fmha_problem *pb, const fmha_kvcache_args *a,
+                               const fmha_tensor *q_rot);
+
 /* One task as the micro-kernels that read and write tensors see it: `rows`
  * rows of sequence b, row r being query position row_pos[r] (within the
  * sequence) of query head row_head[r]; every row reads KV head hk. */

@@ -148,4 +148,5 @@ const fmha_backend fmha_cpu_backend = {
     .smooth_k_scratch = cpu_smooth_k_scratch,
     .smooth_k = cpu_smooth_k,
     .unsmooth_lse = cpu_unsmooth_lse,
+    .kv_append = fmha_cpu_kv_append,
 };

@@ -123,26 +123,30 @@ static void prefetch_rows(const fmha_tensor *t, const fmha_cpu_task *tk, int64_t
                           int64_t n)
 {
     for (int64_t r = 0; r < n; r++) {
-        const char *row = fmha_row(t, tk->tb, tk->k0 + j + r, tk->hk);
+        const char *row = fmha_kv_row(tk->pb, t, tk->b, j + r, tk->hk);
         for (int64_t byte = 0; byte < bytes; byte += 64)
             __builtin_prefetch(row + byte, 0, 2);
     }
 }
 
 /* Query heads packed into one task: a KV head's whole group when it is small,
- * so that the group shares every packed K/V block (a decode step reads K and
- * V once per KV head, not once per query head). */
+ * or when all its queries fit one task (decode: MQA's 32 heads of one
+ * query), so that the group shares every packed K/V block (a decode step
+ * reads K and V once per KV head, not once per query head). */
 static int64_t heads_per_task(const fmha_problem *pb)
 {
-    return pb->group <= 16 ? pb->group : 1;
+    return pb->group <= 16 || pb->group * pb->max_sq <= BR ? pb->group : 1;
 }
 
 /* Task t of head group hg of sequence b: query positions [t * tq, ...) of the
  * heads [hg * P, hg * P + P), P = heads_per_task, tq = BR / P. Row r of the
  * task is position t * tq + r / P of head hg * P + r % P: positions never
- * decrease with r, so each row's visible keys move right with r. Sets tk's
- * geometry and s's rows, their visible keys, o = 0, m = -inf and l = 0. */
-static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg, int64_t t)
+ * decrease with r, so each row's visible keys move right with r. The task
+ * sees keys [ka, kb) of the sequence only (its split; the whole sequence
+ * unsplit). Sets tk's geometry and s's rows, their visible keys, o = 0,
+ * m = -inf and l = 0. */
+static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg, int64_t t,
+                       int64_t ka, int64_t kb)
 {
     const fmha_problem *pb = tk->pb;
     int64_t sk;
@@ -156,6 +160,10 @@ static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg
         s->row_pos[r] = pos0 + r / P;
         s->row_head[r] = hg * P + r % P;
         fmha_visible_range(pb->cfg, s->row_pos[r], tk->sq, sk, &s->lo[r], &s->hi[r]);
+        s->lo[r] = s->lo[r] > ka ? s->lo[r] : ka;
+        s->hi[r] = s->hi[r] < kb ? s->hi[r] : kb;
+        if (s->hi[r] < s->lo[r]) /* nothing of this split: an empty interval */
+            s->hi[r] = s->lo[r];
     }
     memset(s->o, 0, sizeof(float) * BR * (size_t)tk->dvp);
     for (int i = 0; i < BR; i++) {
@@ -217,15 +225,48 @@ static void dropout(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj
     }
 }
 
+/* Key splits of a call (flash-decoding): split `split` of `n` covers keys
+ * [*ka, *kb) of a sequence of sk keys, whole blocks of BC but the last. */
+static void split_range(int64_t sk, int64_t split, int64_t n, int64_t *ka, int64_t *kb)
+{
+    const int64_t chunk = round_up((sk + n - 1) / n, BC);
+    *ka = split * chunk < sk ? split * chunk : sk;
+    *kb = *ka + chunk < sk ? *ka + chunk : sk;
+}
+
+/* A split task's result, for merge_splits: each row's O / l and its LSE in
+ * the log2 domain (m + log2 l; -inf where the split showed the row no key),
+ * in partial[((split * heads + h) * sq + pos) * (dvp + 1)] of sequence b's
+ * block. */
+static void store_partial(const fmha_cpu_task *tk, const task_scratch *s, float *partial,
+                          int64_t split)
+{
+    const fmha_problem *pb = tk->pb;
+    const int64_t w = tk->dvp + 1;
+    for (int i = 0; i < tk->rows; i++) {
+        const float l = s->l[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float *dst = partial + ((split * pb->heads + s->row_head[i]) * tk->sq + s->row_pos[i]) * w;
+        for (int64_t c = 0; c < pb->dv; c++)
+            dst[c] = s->o[(int64_t)i * tk->dvp + c] * inv;
+        dst[tk->dvp] = l > 0.0f ? s->m[i] + log2f(l) : isnan(l) || isnan(s->m[i]) ? NAN : -INFINITY;
+    }
+}
+
 /* Runs task t of head group hg of sequence b (task_begin) with tk's
  * micro-kernels: Q^T once, then per key block QK^T, softcap, mask, online
- * softmax, dropout and PV, then O / l and the LSE. */
+ * softmax, dropout and PV, then O / l and the LSE — or, for split `split`
+ * of `nsplit` > 1, the partial result of its keys into `partial`. */
 static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s, int64_t b,
-                     int64_t hg, int64_t t)
+                     int64_t hg, int64_t t, int64_t split, int64_t nsplit, float *partial)
 {
     const fmha_problem *pb = tk->pb;
     const fmha_config *cfg = pb->cfg;
-    task_begin(tk, s, b, hg, t);
+    int64_t q0, sq, k0, sk, ka = 0, kb;
+    fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
+    kb = sk;
+    if (nsplit > 1)
+        split_range(sk, split, nsplit, &ka, &kb);
+    task_begin(tk, s, b, hg, t, ka, kb);
     const int rows = tk->rows;
     const int64_t lo_first = s->lo[0], hi_first = s->hi[0];
     const int64_t lo_last = s->lo[rows - 1], hi_last = s->hi[rows - 1];
@@ -266,7 +307,72 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
         ops->pack_p(st, nj, nq);
         ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);
     }
-    ops->store(tk, s->o, s->m, s->l);
+    if (nsplit > 1)
+        store_partial(tk, s, partial + b * nsplit * pb->heads * sq * (tk->dvp + 1), split);
+    else
+        ops->store(tk, s->o, s->m, s->l);
+}
+
+/* Merges the splits of every row by their LSEs (store_partial's) into out
+ * and lse: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), M the
+ * largest; a row no split showed a key gets 0 and -inf, a NaN split makes
+ * the row NaN (docs/reliability.md). */
+static void merge_splits(const fmha_problem *pb, const float *partial, int64_t nsplit, int64_t dvp,
+                         int nthreads)
+{
+    const fmha_forward_args *a = pb->args;
+    const int64_t sq = pb->max_sq, w = dvp + 1, rows = pb->batch * pb->heads * sq;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t row = 0; row < rows; row++) {
+        const int64_t b = row / (pb->heads * sq), h = row / sq % pb->heads, pos = row % sq;
+        const float *p = partial + (b * nsplit * pb->heads + h) * sq * w + pos * w;
+        const int64_t step = pb->heads * sq * w; /* from one split to the next */
+        float m = -INFINITY;
+        int nan = 0;
+        for (int64_t s = 0; s < nsplit; s++) {
+            const float x = p[s * step + dvp];
+            nan |= isnan(x);
+            m = x > m ? x : m;
+        }
+        double l = 0.0;
+        char *orow = fmha_row(&a->out, b, pos, h);
+        for (int64_t c = 0; c < pb->dv; c++) {
+            double acc = 0.0;
+            for (int64_t s = 0; s < nsplit; s++) {
+                const float x = p[s * step + dvp];
+                if (x != -INFINITY)
+                    acc += exp2((double)x - m) * p[s * step + c];
+            }
+            if (c == 0)
+                for (int64_t s = 0; s < nsplit; s++)
+                    l += p[s * step + dvp] != -INFINITY ? exp2((double)p[s * step + dvp] - m) : 0.0;
+            fmha_store_f32(orow, a->out.dtype, c, nan ? NAN : l > 0.0 ? (float)(acc / l) : 0.0f);
+        }
+        if (a->lse)
+            a->lse[(b * pb->heads + h) * sq + pos] =
+                nan       ? NAN
+                : l > 0.0 ? (float)((m + log2(l)) * 0.6931471805599453)
+                          : -INFINITY;
+    }
+}
+
+/* How many key splits a call's tasks get: 1 but for decode calls, which
+ * take num_splits or, for 0, enough splits of at least 512 keys for 64
+ * tasks — from the shape alone, so that the result does not depend on the
+ * thread count. */
+static int64_t splits_of(const fmha_problem *pb, int64_t ntasks)
+{
+    if (!pb->kv_cache || pb->varlen || pb->max_sk <= BC)
+        return 1;
+    int64_t n = pb->num_splits;
+    if (n == 0) {
+        enum { TARGET_TASKS = 64, MIN_KEYS = 512 };
+        n = ntasks >= TARGET_TASKS ? 1 : (TARGET_TASKS + ntasks - 1) / ntasks;
+        if (n > pb->max_sk / MIN_KEYS)
+            n = pb->max_sk / MIN_KEYS;
+    }
+    const int64_t blocks = (pb->max_sk + BC - 1) / BC;
+    return n < 1 ? 1 : n > blocks ? blocks : n;
 }
 
 fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
@@ -287,7 +393,18 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
         tile_start[b + 1] = tile_start[b] + (sq + tq - 1) / tq * groups;
     }
-    const int64_t ntasks = tile_start[pb->batch];
+    const int64_t nsplit = splits_of(pb, tile_start[pb->batch]);
+    const int64_t ntasks = tile_start[pb->batch] * nsplit;
+    float *partial = NULL;
+    if (nsplit > 1) {
+        const size_t n = (size_t)(pb->batch * nsplit * pb->heads * pb->max_sq * (dvp + 1));
+        if (!(partial = fmha_malloc(sizeof(float) * n))) {
+            fmha_free(tile_start);
+            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                  "out of memory for %lld key splits' partial results",
+                                  (long long)nsplit);
+        }
+    }
 
     int nthreads = pb->cfg->num_threads;
 #ifdef _OPENMP
@@ -305,6 +422,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
             : workspace_reserve(ws, per_thread * (size_t)nthreads);
     if (st != FMHA_STATUS_OK) {
         fmha_free(tile_start);
+        fmha_free(partial);
         return st;
     }
 
@@ -322,18 +440,22 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {
-            int64_t lo = 0, hi = pb->batch; /* the sequence holding this task */
+            const int64_t tile = task / nsplit, split = task % nsplit;
+            int64_t lo = 0, hi = pb->batch; /* the sequence holding this tile */
             while (hi - lo > 1) {
                 int64_t mid = (lo + hi) / 2;
-                if (tile_start[mid] <= task)
+                if (tile_start[mid] <= tile)
                     lo = mid;
                 else
                     hi = mid;
             }
-            int64_t local = task - tile_start[lo];
-            run_task(ops, &tk, &s, lo, local % groups, local / groups);
+            int64_t local = tile - tile_start[lo];
+            run_task(ops, &tk, &s, lo, local % groups, local / groups, split, nsplit, partial);
         }
     }
+    if (nsplit > 1)
+        merge_splits(pb, partial, nsplit, dvp, nthreads);
+    fmha_free(partial);
     fmha_free(tile_start);
     return FMHA_STATUS_OK;
 }

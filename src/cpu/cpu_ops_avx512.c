@@ -297,7 +297,7 @@ static void load_k_bf16(const fmha_cpu_task *t, int64_t j0, int nj, void *kbv)
     const int64_t d = t->pb->d;
     uint16_t *kb = kbv;
     for (int j = 0; j < nj; j++) {
-        memcpy(kb + j * t->dp, fmha_row(k, t->tb, t->k0 + j0 + j, t->hk), (size_t)d * 2);
+        memcpy(kb + j * t->dp, fmha_kv_row(t->pb, k, t->b, j0 + j, t->hk), (size_t)d * 2);
         if (d < t->dp) /* odd head dim: the pair's second half is 0 */
             kb[j * t->dp + d] = 0;
     }
@@ -309,10 +309,9 @@ static void load_v_bf16(const fmha_cpu_task *t, int64_t j0, int nj, void *vbv)
     const fmha_tensor *v = &t->pb->args->v;
     const int64_t dv = t->pb->dv, dvp = t->dvp;
     for (int j = 0; j < nj; j += 2) {
-        const int64_t tok = t->k0 + j0 + j;
-        const uint16_t *ra = (const uint16_t *)fmha_row(v, t->tb, tok, t->hk);
+        const uint16_t *ra = (const uint16_t *)fmha_kv_row(t->pb, v, t->b, j0 + j, t->hk);
         const uint16_t *rb =
-            j + 1 < nj ? (const uint16_t *)fmha_row(v, t->tb, tok + 1, t->hk) : NULL;
+            j + 1 < nj ? (const uint16_t *)fmha_kv_row(t->pb, v, t->b, j0 + j + 1, t->hk) : NULL;
         uint16_t *dst = (uint16_t *)vbv + (j / 2) * dvp * 2;
         for (int64_t c = 0; c < dvp; c += 32) {
             int64_t left = dv - c;

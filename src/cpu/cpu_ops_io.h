@@ -36,7 +36,7 @@ static void load_k(const fmha_cpu_task *t, int64_t j0, int nj, void *kbv)
     float *kb = kbv;
     for (int j = 0; j < nj; j++) {
         const int64_t tok = t->k0 + j0 + j;
-        to_f32(kb + j * t->dp, fmha_row(k, t->tb, tok, t->hk), k->dtype, pb->d,
+        to_f32(kb + j * t->dp, fmha_kv_row(pb, k, t->b, j0 + j, t->hk), k->dtype, pb->d,
                fmha_row_descale(pb, 1, t->b, tok, t->hk));
     }
 }
@@ -48,7 +48,7 @@ static void load_v(const fmha_cpu_task *t, int64_t j0, int nj, void *vbv)
     float *vb = vbv;
     for (int j = 0; j < nj; j++) {
         const int64_t tok = t->k0 + j0 + j;
-        to_f32(vb + j * t->dvp, fmha_row(v, t->tb, tok, t->hk), v->dtype, pb->dv,
+        to_f32(vb + j * t->dvp, fmha_kv_row(pb, v, t->b, j0 + j, t->hk), v->dtype, pb->dv,
                fmha_row_descale(pb, 2, t->b, tok, t->hk));
         for (int64_t c = pb->dv; c < t->dvp; c++)
             vb[j * t->dvp + c] = 0.0f;

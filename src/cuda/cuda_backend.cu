@@ -193,4 +193,5 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_smooth_k_scratch,
     fmha_cuda_smooth_k,
     cuda_unsmooth,
+    NULL, /* kv_append: the CUDA kernels read no KV cache yet */
 };

@@ -1,0 +1,678 @@
+/* test_decode.c — decode calls against KV caches (fmha_decode) on every CPU
+ * kernel the machine runs, against the float64 reference
+ * (fmha_reference_decode) over random cases of awkward sizes: contiguous
+ * caches (with and without cache_batch_idx) and paged ones (page sizes 1 to
+ * 64, pages shuffled, last pages partly filled), new tokens appended with
+ * and without rotary embedding (both pairings), causal, windows, softcap,
+ * GQA and MQA, LSE, f32/f16/bf16. Outputs are poisoned first; the tolerance
+ * is 4x the error of a naive same-precision attention over the same keys
+ * gathered into a packed batch. Then: decode equals fmha_forward bit for bit
+ * where the problems are the same, paged equals contiguous, num_splits does
+ * not change the answer beyond rounding, and every bad argument is refused
+ * with the cache and out untouched. */
+#include "alloc.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct dcase {
+    fmha_config cfg;
+    int64_t batch, sq, snew, heads, kvh, d, dv;
+    int paged;
+    int64_t page_size, num_pages, stride; /* paged */
+    int64_t cache_rows, capacity;         /* contiguous */
+    int use_batch_idx;
+    int64_t rotary_dim, rotary_len;
+    int interleaved, lse;
+    int64_t splits;
+    fmha_dtype odt;
+} dcase;
+
+/* The inputs of one case, the caches twice (reference, fast path). */
+typedef struct dinputs {
+    tu_tensor q, knew, vnew, kc[2], vc[2], out[2];
+    int32_t *cache_seqlens, *batch_idx, *table;
+    float *cos, *sin, *lse[2];
+} dinputs;
+
+static int64_t pick(tu_rng *r, const int64_t *v, int n)
+{
+    return v[tu_range(r, n)];
+}
+
+static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
+{
+    static const fmha_dtype dts[3] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
+    static const int64_t dims[5] = {40, 64, 72, 128, 96};
+    static const int64_t groups[4] = {1, 3, 4, 8};
+    static const int64_t sqs[5] = {1, 1, 1, 2, 5};
+    static const int64_t pages[6] = {1, 3, 16, 64, 7, 32};
+    dcase c;
+    memset(&c, 0, sizeof c);
+    c.kvh = 1 + tu_range(r, 3);
+    c.heads = c.kvh * pick(r, groups, 4);
+    c.d = pick(r, dims, 5);
+    c.dv = tu_range(r, 4) == 0 ? 48 : c.d;
+    fmha_config_init(&c.cfg, c.heads, c.kvh, c.d);
+    c.cfg.head_dim_v = c.dv;
+    c.cfg.dtype = dts[tu_range(r, 3)];
+    c.cfg.cpu_isa = isa;
+    c.cfg.causal = tu_range(r, 2);
+    if (tu_range(r, 4) == 0)
+        c.cfg.window_left = tu_range(r, 80);
+    if (tu_range(r, 5) == 0)
+        c.cfg.softcap = 5.0;
+    c.odt = tu_range(r, 2) ? c.cfg.dtype : FMHA_DTYPE_F32;
+    c.batch = 1 + tu_range(r, 4);
+    c.sq = pick(r, sqs, 5);
+    c.snew = tu_range(r, 3) == 0 ? 0 : c.sq;
+    c.paged = tu_range(r, 2);
+    c.lse = tu_range(r, 2);
+    c.splits = tu_range(r, 3) == 0 ? 1 + tu_range(r, 5) : 0;
+    if (c.snew > 0 && tu_range(r, 2)) {
+        c.rotary_dim = tu_range(r, 2) ? c.d : (c.d / 2) & ~1;
+        c.interleaved = tu_range(r, 2);
+    }
+    c.page_size = pick(r, pages, 6);
+    return c;
+}
+
+/* Cache lengths, then the caches' geometry: capacity for the longest plus
+ * slack; pages handed out in a shuffled order. */
+static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
+{
+    memset(in, 0, sizeof *in);
+    in->cache_seqlens = malloc(sizeof(int32_t) * (size_t)c->batch);
+    int64_t longest = 0;
+    for (int64_t b = 0; b < c->batch; b++) {
+        in->cache_seqlens[b] = (int32_t)(tu_range(r, 5) == 0 ? 0 : tu_range(r, 400));
+        if (in->cache_seqlens[b] + c->snew > longest)
+            longest = in->cache_seqlens[b] + c->snew;
+    }
+    if (longest == 0) /* keep one key somewhere: caches have at least one row */
+        longest = 1;
+    const fmha_dtype dt = c->cfg.dtype;
+    if (c->paged) {
+        c->stride = (longest + c->page_size - 1) / c->page_size + tu_range(r, 3);
+        c->num_pages = c->stride * c->batch + tu_range(r, 5);
+        int64_t *perm = malloc(sizeof(int64_t) * (size_t)c->num_pages);
+        for (int64_t p = 0; p < c->num_pages; p++)
+            perm[p] = p;
+        for (int64_t p = c->num_pages - 1; p > 0; p--) {
+            int64_t j = tu_range(r, p + 1), t = perm[p];
+            perm[p] = perm[j];
+            perm[j] = t;
+        }
+        in->table = malloc(sizeof(int32_t) * (size_t)(c->stride * c->batch));
+        for (int64_t i = 0; i < c->stride * c->batch; i++)
+            in->table[i] = (int32_t)perm[i];
+        free(perm);
+        for (int k = 0; k < 2; k++) {
+            tu_tensor_init(&in->kc[k], dt, c->num_pages, c->page_size, c->kvh, c->d, 0, 0);
+            tu_tensor_init(&in->vc[k], dt, c->num_pages, c->page_size, c->kvh, c->dv, 0, 0);
+        }
+    } else {
+        c->capacity = longest + tu_range(r, 9);
+        c->use_batch_idx = tu_range(r, 2);
+        c->cache_rows = c->batch + (c->use_batch_idx ? tu_range(r, 3) : 0);
+        if (c->use_batch_idx) {
+            in->batch_idx = malloc(sizeof(int32_t) * (size_t)c->batch);
+            for (int64_t b = 0; b < c->batch; b++)
+                in->batch_idx[b] = (int32_t)(c->cache_rows - 1 - b); /* reversed rows */
+        }
+        for (int k = 0; k < 2; k++) {
+            tu_tensor_init(&in->kc[k], dt, c->cache_rows, c->capacity, c->kvh, c->d, 0, 0);
+            tu_tensor_init(&in->vc[k], dt, c->cache_rows, c->capacity, c->kvh, c->dv, 0, 0);
+        }
+    }
+    tu_fill_normal(&in->kc[0], r, 1.0);
+    tu_fill_normal(&in->vc[0], r, 1.0);
+    memcpy(in->kc[1].alloc, in->kc[0].alloc, in->kc[0].alloc_bytes);
+    memcpy(in->vc[1].alloc, in->vc[0].alloc, in->vc[0].alloc_bytes);
+    tu_tensor_init(&in->q, dt, c->batch, c->sq, c->heads, c->d, (int)tu_range(r, 3), 0);
+    tu_fill_normal(&in->q, r, 1.0);
+    if (c->snew > 0) {
+        tu_tensor_init(&in->knew, dt, c->batch, c->snew, c->kvh, c->d, (int)tu_range(r, 3), 0);
+        tu_tensor_init(&in->vnew, dt, c->batch, c->snew, c->kvh, c->dv, 0, 0);
+        tu_fill_normal(&in->knew, r, 1.0);
+        tu_fill_normal(&in->vnew, r, 1.0);
+    }
+    for (int k = 0; k < 2; k++) {
+        tu_tensor_init(&in->out[k], c->odt, c->batch, c->sq, c->heads, c->dv, 0, 0xFF);
+        in->lse[k] = malloc(sizeof(float) * (size_t)(c->batch * c->heads * c->sq));
+        memset(in->lse[k], 0xFF, sizeof(float) * (size_t)(c->batch * c->heads * c->sq));
+    }
+    if (c->rotary_dim > 0) {
+        c->rotary_len = longest + c->sq + tu_range(r, 5);
+        const int64_t half = c->rotary_dim / 2;
+        in->cos = malloc(sizeof(float) * (size_t)(c->rotary_len * half));
+        in->sin = malloc(sizeof(float) * (size_t)(c->rotary_len * half));
+        for (int64_t p = 0; p < c->rotary_len; p++)
+            for (int64_t i = 0; i < half; i++) {
+                const double theta = (double)p * pow(10000.0, -2.0 * (double)i / c->rotary_dim);
+                in->cos[p * half + i] = (float)cos(theta);
+                in->sin[p * half + i] = (float)sin(theta);
+            }
+    }
+}
+
+static void free_inputs(dinputs *in)
+{
+    tu_tensor *ts[] = {&in->q,     &in->knew,  &in->vnew,   &in->kc[0], &in->kc[1],
+                       &in->vc[0], &in->vc[1], &in->out[0], &in->out[1]};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (ts[i]->alloc)
+            tu_tensor_free(ts[i]);
+    free(in->cache_seqlens);
+    free(in->batch_idx);
+    free(in->table);
+    free(in->cos);
+    free(in->sin);
+    free(in->lse[0]);
+    free(in->lse[1]);
+}
+
+/* The arguments of copy k (0: the reference's, 1: the fast path's). */
+static fmha_kvcache_args args_of(const dcase *c, dinputs *in, int k)
+{
+    fmha_kvcache_args a = {.q = in->q.t,
+                           .k_cache = in->kc[k].t,
+                           .v_cache = in->vc[k].t,
+                           .out = in->out[k].t,
+                           .lse = c->lse ? in->lse[k] : NULL,
+                           .cache_seqlens = in->cache_seqlens,
+                           .cache_batch_idx = in->batch_idx,
+                           .block_table = in->table,
+                           .block_table_stride = c->stride,
+                           .rotary_cos = in->cos,
+                           .rotary_sin = in->sin,
+                           .rotary_dim = c->rotary_dim,
+                           .rotary_len = c->rotary_len,
+                           .rotary_interleaved = c->interleaved,
+                           .num_splits = c->splits};
+    if (c->snew > 0) {
+        a.k_new = in->knew.t;
+        a.v_new = in->vnew.t;
+    }
+    return a;
+}
+
+/* Element (b, t, h, c) of a cache: its own implementation of the layout. */
+static double cache_get(const dcase *c, const dinputs *in, const tu_tensor *x, int64_t b, int64_t t,
+                        int64_t h, int64_t ch)
+{
+    if (c->paged)
+        return tu_get(x, in->table[b * c->stride + t / c->page_size], t % c->page_size, h, ch);
+    return tu_get(x, in->batch_idx ? in->batch_idx[b] : b, t, h, ch);
+}
+
+/* q rotated in f32 and rounded to its dtype, as the fast path sees it. */
+static double q_rotated(const dcase *c, const dinputs *in, int64_t b, int64_t i, int64_t h,
+                        int64_t ch)
+{
+    const int64_t half = c->rotary_dim / 2;
+    if (ch >= c->rotary_dim)
+        return tu_get(&in->q, b, i, h, ch);
+    const int local = c->cfg.window_left >= 0 || c->cfg.window_right >= 0;
+    const int64_t pos = in->cache_seqlens[b] + (c->cfg.causal || local ? i : 0);
+    const int64_t p = c->interleaved ? ch / 2 : ch % half;
+    const int64_t c1 = c->interleaved ? 2 * p : p, c2 = c->interleaved ? 2 * p + 1 : p + half;
+    const float x1 = (float)tu_get(&in->q, b, i, h, c1), x2 = (float)tu_get(&in->q, b, i, h, c2);
+    const float cs = in->cos[pos * half + p], sn = in->sin[pos * half + p];
+    const float y = ch == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
+    if (c->cfg.dtype == FMHA_DTYPE_BF16)
+        return fmha_bf16_to_f32(fmha_f32_to_bf16(y));
+    if (c->cfg.dtype == FMHA_DTYPE_F16)
+        return fmha_f16_to_f32(fmha_f32_to_f16(y));
+    return y;
+}
+
+/* The naive same-precision attention over the reference's updated cache,
+ * gathered into a packed batch: its largest error against out_ref, and in
+ * *lse_err its LSE's. */
+static double naive_error(const dcase *c, const dinputs *in, double *lse_err)
+{
+    int32_t *cuq = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+    int32_t *cuk = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+    cuq[0] = cuk[0] = 0;
+    for (int64_t b = 0; b < c->batch; b++) {
+        cuq[b + 1] = cuq[b] + (int32_t)c->sq;
+        cuk[b + 1] = cuk[b] + in->cache_seqlens[b] + (int32_t)c->snew;
+    }
+    const int64_t tk = cuk[c->batch] > 0 ? cuk[c->batch] : 1;
+    tu_tensor q, k, v, o;
+    tu_tensor_init(&q, c->cfg.dtype, 1, c->batch * c->sq, c->heads, c->d, 0, 0);
+    tu_tensor_init(&k, c->cfg.dtype, 1, tk, c->kvh, c->d, 0, 0);
+    tu_tensor_init(&v, c->cfg.dtype, 1, tk, c->kvh, c->dv, 0, 0);
+    tu_tensor_init(&o, FMHA_DTYPE_F32, 1, c->batch * c->sq, c->heads, c->dv, 0, 0);
+    float *lse = malloc(sizeof(float) * (size_t)(c->heads * c->batch * c->sq));
+    for (int64_t b = 0; b < c->batch; b++) {
+        for (int64_t i = 0; i < c->sq; i++)
+            for (int64_t h = 0; h < c->heads; h++)
+                for (int64_t ch = 0; ch < c->d; ch++)
+                    tu_set(&q, 0, cuq[b] + i, h, ch,
+                           c->rotary_dim ? q_rotated(c, in, b, i, h, ch)
+                                         : tu_get(&in->q, b, i, h, ch));
+        for (int64_t t = 0; t < cuk[b + 1] - cuk[b]; t++)
+            for (int64_t h = 0; h < c->kvh; h++) {
+                for (int64_t ch = 0; ch < c->d; ch++)
+                    tu_set(&k, 0, cuk[b] + t, h, ch, cache_get(c, in, &in->kc[0], b, t, h, ch));
+                for (int64_t ch = 0; ch < c->dv; ch++)
+                    tu_set(&v, 0, cuk[b] + t, h, ch, cache_get(c, in, &in->vc[0], b, t, h, ch));
+            }
+    }
+    fmha_forward_args a = {.q = q.t,
+                           .k = k.t,
+                           .v = v.t,
+                           .out = o.t,
+                           .lse = lse,
+                           .cu_seqlens_q = cuq,
+                           .cu_seqlens_k = cuk,
+                           .varlen_batch = c->batch};
+    tu_naive_forward(&c->cfg, &a);
+    double err = 0;
+    if (c->rotary_dim == 0) {
+        /* The reference's decode reads its caches as its forward reads the
+         * gathered keys: the same numbers. */
+        tu_tensor o2;
+        tu_tensor_init(&o2, c->odt, 1, c->batch * c->sq, c->heads, c->dv, 0, 0);
+        fmha_forward_args a2 = a;
+        a2.out = o2.t;
+        a2.lse = NULL;
+        TU_CHECK(fmha_reference_forward(&c->cfg, &a2) == FMHA_STATUS_OK, "reference: %s",
+                 fmha_last_error());
+        double e2 = 0;
+        for (int64_t b = 0; b < c->batch; b++)
+            for (int64_t i = 0; i < c->sq; i++)
+                for (int64_t h = 0; h < c->heads; h++)
+                    for (int64_t ch = 0; ch < c->dv; ch++) {
+                        const double x = tu_get(&o2, 0, cuq[b] + i, h, ch);
+                        const double y = tu_get(&in->out[0], b, i, h, ch);
+                        e2 = fabs(x - y) > e2 || isnan(x - y) ? fabs(x - y) : e2;
+                    }
+        TU_CHECK(e2 == 0,
+                 "the reference's decode differs from its forward over the gathered keys by %.3g",
+                 e2);
+        tu_tensor_free(&o2);
+    }
+    *lse_err = 0;
+    for (int64_t b = 0; b < c->batch; b++)
+        for (int64_t i = 0; i < c->sq; i++)
+            for (int64_t h = 0; h < c->heads; h++) {
+                /* packed [heads, total_q] against [batch, heads, seqlen_q] */
+                const double l = lse[h * c->batch * c->sq + cuq[b] + i];
+                const double lr = in->lse[0][(b * c->heads + h) * c->sq + i];
+                if (c->lse && isfinite(lr) && fabs(l - lr) > *lse_err)
+                    *lse_err = fabs(l - lr);
+                for (int64_t ch = 0; ch < c->dv; ch++) {
+                    double e =
+                        fabs(tu_get(&o, 0, cuq[b] + i, h, ch) - tu_get(&in->out[0], b, i, h, ch));
+                    if (e > err || isnan(e))
+                        err = e;
+                }
+            }
+    free(lse);
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
+    tu_tensor_free(&o);
+    free(cuq);
+    free(cuk);
+    return err;
+}
+
+/* Largest difference between the two copies of a cache (0 where nothing
+ * was rotated: the appended rows are copies). */
+static double cache_diff(const tu_tensor *x, const tu_tensor *y)
+{
+    double err = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    double e = fabs(tu_get(x, b, s, h, c) - tu_get(y, b, s, h, c));
+                    if (e > err || isnan(e))
+                        err = e;
+                }
+    return err;
+}
+
+static void describe(const dcase *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s %s b%lld sq%lld new%lld h%lld/%lld d%lld/%lld %s%s%s causal%d win%lld cap%g "
+             "rot%lld%s splits%lld",
+             fmha_cpu_isa_name(c->cfg.cpu_isa), fmha_dtype_name(c->cfg.dtype), (long long)c->batch,
+             (long long)c->sq, (long long)c->snew, (long long)c->heads, (long long)c->kvh,
+             (long long)c->d, (long long)c->dv, c->paged ? "paged " : "contig",
+             c->paged ? "" : (c->use_batch_idx ? "+idx" : ""), c->lse ? " lse" : "", c->cfg.causal,
+             (long long)c->cfg.window_left, c->cfg.softcap, (long long)c->rotary_dim,
+             c->interleaved ? "i" : "", (long long)c->splits);
+    if (c->paged) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, " page%lld", (long long)c->page_size);
+    }
+}
+
+static void run_case(tu_rng *r, fmha_cpu_isa isa)
+{
+    dcase c = random_case(r, isa);
+    dinputs in;
+    make_inputs(&c, &in, r);
+    char desc[256];
+    describe(&c, desc, sizeof desc);
+    fmha_kvcache_args ar = args_of(&c, &in, 0), af = args_of(&c, &in, 1);
+    fmha_status st = fmha_reference_decode(&c.cfg, &ar);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: reference: %s", desc, fmha_last_error());
+    st = fmha_decode(&c.cfg, &af);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: decode: %s", desc, fmha_last_error());
+    if (st != FMHA_STATUS_OK) {
+        free_inputs(&in);
+        return;
+    }
+    int bad = 0;
+    double len;
+    const double e = tu_max_err(&in.out[1], &in.out[0], &bad), en = naive_error(&c, &in, &len);
+    const double tol = 4.0 * en + 1e-6;
+    TU_CHECK(!bad && e <= tol, "%s: out error %.3g > tol %.3g (naive %.3g)%s", desc, e, tol, en,
+             bad ? " non-finite output" : "");
+    TU_CHECK(tu_gaps_untouched(&in.out[1], 0xFF), "%s: wrote outside out", desc);
+    if (c.lse) {
+        const double le = tu_lse_err(in.lse[1], in.lse[0], c.batch * c.heads * c.sq, &bad);
+        TU_CHECK(!bad && le <= 4.0 * len + 1e-5, "%s: lse error %.3g (naive %.3g)", desc, le, len);
+    }
+    /* Rotation rounds in f32 here and in float64 there: one unit of the
+     * cache's last place at most (|k| < 8). */
+    const double ctol = c.rotary_dim == 0                ? 0
+                        : c.cfg.dtype == FMHA_DTYPE_F32  ? 1e-5
+                        : c.cfg.dtype == FMHA_DTYPE_BF16 ? 8.0 * 0x1p-8
+                                                         : 8.0 * 0x1p-11;
+    const double ek = cache_diff(&in.kc[1], &in.kc[0]), ev = cache_diff(&in.vc[1], &in.vc[0]);
+    TU_CHECK(ek <= ctol && ev == 0, "%s: caches differ from the reference's: k %.3g, v %.3g", desc,
+             ek, ev);
+    free_inputs(&in);
+}
+
+/* A full contiguous cache without new tokens is fmha_forward's problem: the
+ * same bytes; its pages scattered over a pool give the same bytes again. */
+static void test_same_as_forward(tu_rng *r, fmha_cpu_isa isa)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, 8, 2, 64);
+    cfg.cpu_isa = isa;
+    cfg.causal = 1;
+    const int64_t B = 3, S = 3, K = 200, P = 16, np = (K + P - 1) / P;
+    tu_tensor q, k, v, o1, o2, o3, kp, vp;
+    tu_tensor_init(&q, cfg.dtype, B, S, 8, 64, 0, 0);
+    tu_tensor_init(&k, cfg.dtype, B, K, 2, 64, 0, 0);
+    tu_tensor_init(&v, cfg.dtype, B, K, 2, 64, 0, 0);
+    tu_tensor_init(&kp, cfg.dtype, B * np + 1, P, 2, 64, 0, 0);
+    tu_tensor_init(&vp, cfg.dtype, B * np + 1, P, 2, 64, 0, 0);
+    tu_tensor *outs[3] = {&o1, &o2, &o3};
+    for (int i = 0; i < 3; i++)
+        tu_tensor_init(outs[i], FMHA_DTYPE_F32, B, S, 8, 64, 0, 0xFF);
+    tu_fill_normal(&q, r, 1);
+    tu_fill_normal(&k, r, 1);
+    tu_fill_normal(&v, r, 1);
+    int32_t table[3 * 13], lens[3] = {K, K, K};
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t p = 0; p < np; p++) {
+            table[b * np + p] =
+                (int32_t)((p * B + (B - 1 - b)) + 1); /* interleaved, page 0 unused */
+            for (int64_t t = p * P; t < K && t < (p + 1) * P; t++)
+                for (int64_t h = 0; h < 2; h++)
+                    for (int64_t c = 0; c < 64; c++) {
+                        tu_set(&kp, table[b * np + p], t - p * P, h, c, tu_get(&k, b, t, h, c));
+                        tu_set(&vp, table[b * np + p], t - p * P, h, c, tu_get(&v, b, t, h, c));
+                    }
+        }
+    fmha_forward_args f = {.q = q.t, .k = k.t, .v = v.t, .out = o1.t};
+    TU_CHECK(fmha_forward(&cfg, &f) == FMHA_STATUS_OK, "forward: %s", fmha_last_error());
+    fmha_kvcache_args a = {.q = q.t, .k_cache = k.t, .v_cache = v.t, .out = o2.t, .num_splits = 1};
+    TU_CHECK(fmha_decode(&cfg, &a) == FMHA_STATUS_OK, "decode: %s", fmha_last_error());
+    TU_CHECK(memcmp(o1.alloc, o2.alloc, o1.alloc_bytes) == 0,
+             "%s: decode over a full cache differs from fmha_forward", fmha_cpu_isa_name(isa));
+    fmha_kvcache_args pa = {.q = q.t,
+                            .k_cache = kp.t,
+                            .v_cache = vp.t,
+                            .out = o3.t,
+                            .cache_seqlens = lens,
+                            .block_table = table,
+                            .block_table_stride = np,
+                            .num_splits = 1};
+    TU_CHECK(fmha_decode(&cfg, &pa) == FMHA_STATUS_OK, "paged decode: %s", fmha_last_error());
+    TU_CHECK(memcmp(o1.alloc, o3.alloc, o1.alloc_bytes) == 0,
+             "%s: the paged cache's answer differs from the contiguous one's",
+             fmha_cpu_isa_name(isa));
+    tu_tensor *all[8] = {&q, &k, &v, &o1, &o2, &o3, &kp, &vp};
+    for (int i = 0; i < 8; i++)
+        tu_tensor_free(all[i]);
+}
+
+/* One sequence with a long cache: the automatic split (several tasks per
+ * KV head), one split and an odd count agree with the reference, and the
+ * automatic one gives the same bytes on 1 and 2 threads. */
+static void test_splits(tu_rng *r, fmha_cpu_isa isa)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, 8, 2, 128);
+    cfg.cpu_isa = isa;
+    const int64_t K = 3001;
+    tu_tensor q, k, v, ref, o[4];
+    tu_tensor_init(&q, cfg.dtype, 1, 1, 8, 128, 0, 0);
+    tu_tensor_init(&k, cfg.dtype, 1, K + 7, 2, 128, 0, 0);
+    tu_tensor_init(&v, cfg.dtype, 1, K + 7, 2, 128, 0, 0);
+    tu_tensor_init(&ref, FMHA_DTYPE_F32, 1, 1, 8, 128, 0, 0xFF);
+    tu_fill_normal(&q, r, 1);
+    tu_fill_normal(&k, r, 1);
+    tu_fill_normal(&v, r, 1);
+    int32_t len = (int32_t)K;
+    float lse_ref[8], lse[4][8];
+    fmha_kvcache_args a = {.q = q.t,
+                           .k_cache = k.t,
+                           .v_cache = v.t,
+                           .out = ref.t,
+                           .lse = lse_ref,
+                           .cache_seqlens = &len};
+    TU_CHECK(fmha_reference_decode(&cfg, &a) == FMHA_STATUS_OK, "reference: %s", fmha_last_error());
+    const int64_t splits[4] = {0, 1, 7, 0};
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_init(&o[i], FMHA_DTYPE_F32, 1, 1, 8, 128, 0, 0xFF);
+        a.out = o[i].t;
+        a.lse = lse[i];
+        a.num_splits = splits[i];
+        cfg.num_threads = i == 3 ? 1 : 2;
+        TU_CHECK(fmha_decode(&cfg, &a) == FMHA_STATUS_OK, "splits %lld: %s", (long long)splits[i],
+                 fmha_last_error());
+        int bad = 0;
+        const double e = tu_max_err(&o[i], &ref, &bad), le = tu_lse_err(lse[i], lse_ref, 8, &bad);
+        TU_CHECK(!bad && e < 2e-3 && le < 1e-4, "%s, %lld splits: out error %.3g, lse %.3g",
+                 fmha_cpu_isa_name(isa), (long long)splits[i], e, le);
+    }
+    TU_CHECK(
+        !memcmp(o[0].alloc, o[3].alloc, o[0].alloc_bytes) && !memcmp(lse[0], lse[3], sizeof lse[0]),
+        "%s: the automatic split's answer depends on the thread count", fmha_cpu_isa_name(isa));
+    TU_CHECK(memcmp(o[0].alloc, o[1].alloc, o[0].alloc_bytes) != 0,
+             "%s: the automatic choice did not split 3001 keys of 2 KV heads",
+             fmha_cpu_isa_name(isa));
+    tu_tensor *all[5] = {&q, &k, &v, &ref, &o[0]};
+    for (int i = 0; i < 5; i++)
+        tu_tensor_free(all[i]);
+    for (int i = 1; i < 4; i++)
+        tu_tensor_free(&o[i]);
+}
+
+/* A bad argument: the expected status and words in the message, and neither
+ * the cache nor out written. */
+static void expect_refused(const fmha_config *cfg, const fmha_kvcache_args *a, dinputs *in,
+                           fmha_status want, const char *words, const char *what)
+{
+    void *k0 = malloc(in->kc[1].alloc_bytes), *o0 = malloc(in->out[1].alloc_bytes);
+    memcpy(k0, in->kc[1].alloc, in->kc[1].alloc_bytes);
+    memcpy(o0, in->out[1].alloc, in->out[1].alloc_bytes);
+    fmha_status st = fmha_decode(cfg, a);
+    TU_CHECK(st == want && strstr(fmha_last_error(), words), "%s: got %s \"%s\"", what,
+             fmha_status_string(st), fmha_last_error());
+    TU_CHECK(!memcmp(k0, in->kc[1].alloc, in->kc[1].alloc_bytes) &&
+                 !memcmp(o0, in->out[1].alloc, in->out[1].alloc_bytes),
+             "%s: refused, yet wrote into the cache or out", what);
+    free(k0);
+    free(o0);
+}
+
+static void test_errors(tu_rng *r)
+{
+    dcase c;
+    dinputs in;
+    do { /* a paged case with new tokens and rotary */
+        c = random_case(r, FMHA_CPU_ISA_AUTO);
+    } while (!c.paged || c.rotary_dim == 0 || c.cfg.window_left >= 0);
+    make_inputs(&c, &in, r);
+    fmha_kvcache_args good = args_of(&c, &in, 1), a;
+
+    a = good;
+    in.table[0] = (int32_t)c.num_pages;
+    in.cache_seqlens[0] = (int32_t)(c.page_size > 1 ? c.page_size - 1 : 1);
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "is not a page of the cache",
+                   "page index past the pool");
+    in.table[0] = -1;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "block_table[0][0] (-1)",
+                   "negative page index");
+    in.table[0] = 0;
+
+    in.cache_seqlens[c.batch - 1] = (int32_t)(c.stride * c.page_size - c.snew + 1);
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "past the cache's capacity",
+                   "cache_seqlens above the capacity");
+    a.block_table_stride = 1; /* a table too short for the sequence */
+    in.cache_seqlens[c.batch - 1] = (int32_t)c.page_size;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT,
+                   "grow the cache or the block table", "block table too short");
+    a = good;
+    in.cache_seqlens[c.batch - 1] = -3;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "must be non-negative",
+                   "negative cache_seqlens");
+    in.cache_seqlens[c.batch - 1] = 0;
+
+    a = good;
+    a.rotary_len = 1 + (c.snew > 1 ? 0 : 0);
+    in.cache_seqlens[0] = 5;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "past rotary_len",
+                   "positions past the rotary table");
+    a = good;
+    a.rotary_dim = c.d + 2;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "rotary_dim", "rotary_dim > d");
+    a = good;
+    a.k_new.data = NULL;
+    a.v_new = (fmha_tensor){0};
+    a.k_new = (fmha_tensor){0};
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "pass k_new",
+                   "rotary without new keys");
+    a = good;
+    a.v_new.data = NULL;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "v_new.data is NULL",
+                   "k_new without v_new");
+    a = good;
+    a.cache_batch_idx = in.cache_seqlens;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "cache_batch_idx",
+                   "cache_batch_idx with a block table");
+    a = good;
+    a.cache_seqlens = NULL;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "cache_seqlens is NULL",
+                   "no cache_seqlens with new tokens");
+    a = good;
+    a.num_splits = -1;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "num_splits", "num_splits < 0");
+    fmha_config cfg = c.cfg;
+    cfg.dropout_p = 0.1;
+    expect_refused(&cfg, &good, &in, FMHA_STATUS_INVALID_ARGUMENT, "dropout_p", "dropout");
+    cfg = c.cfg;
+    cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    cfg.dtype = FMHA_DTYPE_BF16;
+    expect_refused(&cfg, &good, &in, FMHA_STATUS_UNSUPPORTED, "fp8_compute", "fp8_compute layer");
+    cfg = c.cfg;
+    cfg.num_kv_heads = c.kvh * (c.heads / c.kvh > 1 ? 1 : 1);
+    cfg.head_dim_v = c.dv + 1;
+    expect_refused(&cfg, &good, &in, FMHA_STATUS_INVALID_ARGUMENT, "this layer needs",
+                   "v_cache's head dim");
+    free_inputs(&in);
+
+    /* Contiguous: a cache row out of range, and too few rows. */
+    do {
+        c = random_case(r, FMHA_CPU_ISA_AUTO);
+    } while (c.paged);
+    make_inputs(&c, &in, r);
+    good = args_of(&c, &in, 1);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)c.batch);
+    for (int64_t b = 0; b < c.batch; b++)
+        idx[b] = 0;
+    idx[c.batch - 1] = (int32_t)c.cache_rows;
+    a = good;
+    a.cache_batch_idx = idx;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "is not a row of the cache",
+                   "cache_batch_idx out of range");
+    a = good;
+    a.cache_batch_idx = NULL;
+    a.k_cache.batch = a.v_cache.batch = c.batch - 1;
+    if (c.batch > 1)
+        expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "below q.batch",
+                       "fewer cache rows than sequences");
+    free(idx);
+    free_inputs(&in);
+}
+
+/* Each allocation of a decode call (rotated q, the layer, its workspace,
+ * the splits' partials) failed in turn: OUT_OF_MEMORY with a message, out
+ * untouched, nothing leaked; until the call runs through. Allocations after
+ * the append may leave the new tokens in the cache (docs/reliability.md). */
+static void test_allocation_failures(tu_rng *r)
+{
+    dcase c;
+    dinputs in;
+    do {
+        c = random_case(r, FMHA_CPU_ISA_AUTO);
+    } while (!c.paged || c.rotary_dim == 0);
+    c.splits = 3;
+    make_inputs(&c, &in, r);
+    const fmha_kvcache_args a = args_of(&c, &in, 1);
+    void *o0 = malloc(in.out[1].alloc_bytes);
+    memcpy(o0, in.out[1].alloc, in.out[1].alloc_bytes);
+    fmha_status st = FMHA_STATUS_OUT_OF_MEMORY;
+    long n = 0;
+    for (; st == FMHA_STATUS_OUT_OF_MEMORY && n < 20; n++) {
+        const long live = fmha_alloc_live();
+        fmha_alloc_fail_after(n);
+        st = fmha_decode(&c.cfg, &a);
+        fmha_alloc_fail_after(-1);
+        TU_CHECK(fmha_alloc_live() == live, "allocation %ld failed: %ld leaked", n + 1,
+                 fmha_alloc_live() - live);
+        if (st == FMHA_STATUS_OUT_OF_MEMORY)
+            TU_CHECK(*fmha_last_error() && !memcmp(o0, in.out[1].alloc, in.out[1].alloc_bytes),
+                     "allocation %ld failed: no message, or out written", n + 1);
+    }
+    printf("decode allocations: %ld\n", n - 1);
+    TU_CHECK(st == FMHA_STATUS_OK && n >= 4, "the call ran after %ld failed allocations: %s", n - 1,
+             fmha_last_error());
+    free(o0);
+    free_inputs(&in);
+}
+
+int main(int argc, char **argv)
+{
+    tu_rng r = {argc > 1 ? strtoull(argv[1], NULL, 0) : 0xdec0de};
+    const char *env = getenv("FMHA_TEST_CASES");
+    const int n = env ? atoi(env) / 4 + 1 : 60;
+    for (int isa = FMHA_CPU_ISA_SCALAR; isa <= FMHA_CPU_ISA_LAST; isa++) {
+        if (isa > (int)fmha_cpu_isa_detect())
+            break;
+        for (int i = 0; i < n; i++)
+            run_case(&r, (fmha_cpu_isa)isa);
+        test_same_as_forward(&r, (fmha_cpu_isa)isa);
+        test_splits(&r, (fmha_cpu_isa)isa);
+    }
+    test_errors(&r);
+    test_allocation_failures(&r);
+    return tu_summary();
+}

@@ -231,10 +231,13 @@ __device__ __forceinline__ void store_lse(const flash_params &p, const block_spa
     p.lse[idx] = l > 0.0f || l != l ? (m_log2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
 }
 
+/* A failed CUDA call as fmha's status: OUT_OF_MEMORY where the device ran
+ * out of memory (the caller can free some and retry), else BACKEND_ERROR. */
 inline fmha_status cuda_error(cudaError_t err, const char *what)
 {
-    return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "CUDA error in %s: %s (%s)", what,
-                          cudaGetErrorString(err), cudaGetErrorName(err));
+    return fmha_set_error(
+        err == cudaErrorMemoryAllocation ? FMHA_STATUS_OUT_OF_MEMORY : FMHA_STATUS_BACKEND_ERROR,
+        "CUDA error in %s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
 /* Device or managed memory passes; anything the runtime calls host memory is

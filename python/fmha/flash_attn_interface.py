@@ -9,7 +9,10 @@ fourth positional argument is softmax_scale (FA2's is dropout_p):
 Differences from FlashAttention-3:
 - forward only (inputs that require grad raise NotImplementedError);
 - qv, seqused_q, seqused_k and attention_chunk != 0 raise
-  NotImplementedError (fmha has no such feature yet); num_splits, pack_gqa,
+  NotImplementedError (fmha has no such feature yet), and so do
+  flash_attn_with_kvcache's cache_leftpad, cu_seqlens_q, cu_seqlens_k_new,
+  rotary_seqlens, FP8 descales and scheduler_metadata; its page_table is
+  FA2's block_table (CPU caches); num_splits, pack_gqa,
   sm_margin and deterministic are scheduling hints that fmha's chooser makes
   itself: accepted and ignored, as the output does not depend on them;
 - return_attn_probs=True returns (out, softmax_lse), as FA3 does;
@@ -22,7 +25,7 @@ import numpy as np
 from . import flash_attn as _fa2
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
-           "flash_attn_combine"]
+           "flash_attn_with_kvcache", "flash_attn_combine"]
 
 
 def _refuse(qv=None, seqused_q=None, seqused_k=None, attention_chunk=0):
@@ -95,6 +98,31 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
     return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale,
                            v_descale, window_size, 0, softcap,
                            return_attn_probs=return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+    """Decode against KV caches (fmha.kvcache_attention), FA3's argument
+    order: page_table [B, max_pages] is the paged caches' table."""
+    _refuse(qv, attention_chunk=attention_chunk)
+    for name, value in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
+                        ("rotary_seqlens", rotary_seqlens), ("q_descale", q_descale),
+                        ("k_descale", k_descale), ("v_descale", v_descale),
+                        ("scheduler_metadata", scheduler_metadata)):
+        if value is not None:
+            raise NotImplementedError("%s is not supported by fmha's decode: pass %s=None"
+                                      % (name, name))
+    return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                        cache_seqlens, cache_batch_idx, cache_leftpad,
+                                        page_table, softmax_scale, causal, window_size, softcap,
+                                        rotary_interleaved, None, num_splits,
+                                        return_softmax_lse)
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):

@@ -150,3 +150,21 @@ def test_errors_leave_caches(rng):
         flash_attn_with_kvcache(q, kc, vc, cache_leftpad=np.zeros(B, dtype=np.int32))
     with pytest.raises(fmha.InvalidArgumentError, match="dropout_p"):
         fmha.Attention(H, D, dropout_p=0.1).decode(q, kc[:2], vc[:2])
+
+
+def test_fa3_interface(rng):
+    """FA3's flash_attn_with_kvcache: page_table by keyword, the same answer
+    as FA2's block_table; FA3-only inputs refused."""
+    from fmha import flash_attn_interface as fa3
+    B, H, D, page = 2, 4, 32, 8
+    kc = rng.standard_normal((6, page, 2, D)).astype(np.float32)
+    vc = rng.standard_normal((6, page, 2, D)).astype(np.float32)
+    q = rng.standard_normal((B, 1, H, D)).astype(np.float32)
+    table = np.array([[5, 0, 2], [1, 3, 4]], dtype=np.int32)
+    got = fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=[20, 13], page_table=table,
+                                      causal=True)
+    want = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=[20, 13], block_table=table,
+                                   causal=True)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(NotImplementedError, match="rotary_seqlens"):
+        fa3.flash_attn_with_kvcache(q, kc, vc, rotary_seqlens=np.zeros(B, dtype=np.int32))

@@ -49,6 +49,7 @@ typedef struct fmha_cpu_task {
     const fmha_problem *pb;
     int64_t b, tb;      /* the sequence; its batch index in the tensors (0 when packed) */
     int64_t q0, sq, k0; /* its first token in q and out, its length there, its first in k, v */
+    int64_t sk;         /* its keys */
     int64_t hk;
     int64_t dp, dvp; /* row lengths of the K and V tiles: d rounded up to a pair, dv to lanes */
     int rows;

@@ -113,22 +113,6 @@ static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
     return FMHA_STATUS_OK;
 }
 
-/* The next block's rows (keys [j, j + n) of the task's KV head, `bytes`
- * each) go to L2 while this one computes: rows of a head sit a whole token
- * apart, too far for the hardware prefetcher. K and V go in two halves so
- * that fewer requests are in flight at once. GCC 12 at -O3 finds this
- * function pure and drops its calls (its build issues no prefetch; clang's
- * does). */
-static void prefetch_rows(const fmha_tensor *t, const fmha_cpu_task *tk, int64_t j, int64_t bytes,
-                          int64_t n)
-{
-    for (int64_t r = 0; r < n; r++) {
-        const char *row = fmha_kv_row(tk->pb, t, tk->b, j + r, tk->hk);
-        for (int64_t byte = 0; byte < bytes; byte += 64)
-            __builtin_prefetch(row + byte, 0, 2);
-    }
-}
-
 /* Query heads packed into one task: a KV head's whole group when it is small,
  * or when all its queries fit one task (decode: MQA's 32 heads of one
  * query), so that the group shares every packed K/V block (a decode step
@@ -151,6 +135,7 @@ static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg
     const fmha_problem *pb = tk->pb;
     int64_t sk;
     fmha_seq_bounds(pb, b, &tk->q0, &tk->sq, &tk->k0, &sk);
+    tk->sk = sk;
     tk->b = b;
     tk->tb = pb->varlen ? 0 : b;
     const int64_t P = heads_per_task(pb), tq = BR / P, pos0 = t * tq;
@@ -271,8 +256,6 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     const int64_t lo_first = s->lo[0], hi_first = s->hi[0];
     const int64_t lo_last = s->lo[rows - 1], hi_last = s->hi[rows - 1];
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
-    const int64_t kbytes = pb->d * (int64_t)fmha_dtype_size(pb->args->k.dtype);
-    const int64_t vbytes = pb->dv * (int64_t)fmha_dtype_size(pb->args->v.dtype);
 
     ops->pack_q(tk, s->qt, s->kbuf);
     for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
@@ -290,9 +273,7 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
         const void *qt = (const char *)s->qt + (size_t)qv * 4; /* 4-byte cells */
         float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
         float *o = s->o + (int64_t)qv * tk->dvp;
-        const int64_t next = hi_last - (j0 + BC) < BC ? hi_last - (j0 + BC) : BC;
 
-        prefetch_rows(&pb->args->k, tk, j0 + BC, kbytes, next);
         ops->load_k(tk, j0, nj, s->kbuf);
         ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
         if (cfg->softcap > 0)
@@ -302,7 +283,6 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
         ops->softmax(st, nj, nq, scale, m, l, alpha);
         if (pb->drop_threshold)
             dropout(tk, s, j0, nj, qv, ib);
-        prefetch_rows(&pb->args->v, tk, j0 + BC, vbytes, next);
         ops->load_v(tk, j0, nj, s->vbuf);
         ops->pack_p(st, nj, nq);
         ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);

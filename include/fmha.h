@@ -298,6 +298,44 @@ typedef struct fmha_forward_args {
     int64_t descale_block_rows; /* tokens per block for FMHA_DESCALE_PER_BLOCK */
 } fmha_forward_args;
 
+/* ------------------------------------------------------- merging partials */
+
+/* Merges attention outputs of the same queries computed over disjoint sets
+ * of keys (a split of the keys, a ring's steps, cached and new keys) into the
+ * output over all of them, by their LSEs:
+ *
+ *     lse = log(sum_i exp(lse_i)),   out = sum_i exp(lse_i - lse) * parts[i]
+ *
+ * in f32 (weights exp(lse_i - max) once per row), so the result is the
+ * attention over the union to f32 rounding.
+ *   parts[i] [batch, seqlen, heads, head_dim_v] f32, f16 or bf16, one dtype for
+ *            all (f32 keeps partial results exact), any strides as in
+ *            fmha_forward_args.out
+ *   lses[i]  [batch, heads, seqlen] contiguous f32, the forward's lse of part i
+ *            (packed batches: batch 1, [heads, total_q], as the forward writes it)
+ *   out      same shape, f32, f16 or bf16, its own strides; may be exactly one
+ *            part's view (same data and strides), merged in place
+ *   lse      [batch, heads, seqlen] f32, the merged LSE (optional, may be NULL;
+ *            may be one part's lse array)
+ * A part whose LSE is -inf saw no key: it weighs 0 and its output is not read
+ * (it may hold anything); a row that no part saw is out 0, lse -inf, as in
+ * the forward. A NaN (or +inf) LSE makes its row NaN, out and lse, and a NaN
+ * or inf element of a part that weighs something spreads to the same
+ * element of out (docs/reliability.md). 1 to 32 parts per call; more merge in
+ * steps. Every argument is validated before anything is written; batch 0 or
+ * seqlen 0 writes nothing. The CPU runs on OpenMP's threads. */
+FMHA_API fmha_status fmha_merge_partials(int num_parts, const fmha_tensor *parts,
+                                         const float *const *lses, fmha_tensor *out, float *lse);
+
+/* fmha_merge_partials on the current CUDA device: the same arguments and
+ * semantics with every pointer (tensor data, lses, lse) in device memory and
+ * the work queued on `stream` (a cudaStream_t; NULL = the default stream),
+ * one launch. UNSUPPORTED when fmha was built without CUDA or finds no
+ * device of compute capability 8.0 or later. */
+FMHA_API fmha_status fmha_merge_partials_cuda(int num_parts, const fmha_tensor *parts,
+                                              const float *const *lses, fmha_tensor *out,
+                                              float *lse, void *stream);
+
 /* ------------------------------------------------------------ kernel choice */
 
 typedef struct fmha_kernel_info {

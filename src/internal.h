@@ -26,6 +26,12 @@ typedef struct fmha_problem {
     double scale;            /* resolved softmax scale */
     uint32_t drop_threshold; /* keep iff philox word >= threshold; 0 = no dropout */
     double drop_rescale;     /* 1 / (1 - p) */
+    /* Where this call's rows, keys and heads sit in a larger problem that it
+     * is a piece of (sequence parallelism, src/sp/): the dropout stream is
+     * drawn at (seq * pos_heads + pos_head0 + head, pos_row0 + row, pos_col0 +
+     * key), so that every piece draws the single-device mask. Validation sets
+     * the identity: 0, 0, 0 and heads. */
+    int64_t pos_row0, pos_col0, pos_head0, pos_heads;
 } fmha_problem;
 
 /* Per-sequence geometry: where sequence b starts and how long it is. */

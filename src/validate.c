@@ -4,6 +4,7 @@
 #include "validate.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #define INVALID(...) fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
@@ -130,6 +131,30 @@ fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
     return check_tensor(t, name, 0);
 }
 
+/* Rows of an output that share memory would each be written by whichever
+ * task comes last, so the result would depend on the thread schedule. Along
+ * one dim the overlap is certain when the stride is below the row's length
+ * (0: a broadcast view, which suits inputs only); overlaps across two dims
+ * are not looked for (fmha.h). */
+static fmha_status check_out_rows(const fmha_tensor *o, const char *name)
+{
+    const int64_t dims[3] = {o->batch, o->seqlen, o->heads};
+    const int64_t strides[3] = {o->stride_batch, o->stride_seq, o->stride_head};
+    const char *dim_names[3] = {"batch", "seqlen", "heads"};
+    const char *stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
+    if (o->batch == 0 || o->seqlen == 0) /* no row at all */
+        return FMHA_STATUS_OK;
+    for (int i = 0; i < 3; i++)
+        if (dims[i] > 1 && strides[i] < o->head_dim)
+            return INVALID("%s.%s (%lld) is below %s.head_dim (%lld) with %s.%s %lld: rows of "
+                           "%s would overlap, and what they hold would depend on the order of "
+                           "the writes; give each row of %s its own memory",
+                           name, stride_names[i], (long long)strides[i], name,
+                           (long long)o->head_dim, name, dim_names[i], (long long)dims[i], name,
+                           name);
+    return FMHA_STATUS_OK;
+}
+
 static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total, const char *name,
                                     int64_t *max_len)
 {
@@ -252,23 +277,8 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         return INVALID("v.head_dim (%lld) and out.head_dim (%lld) must equal head_dim_v (%lld)",
                        (long long)a->v.head_dim, (long long)a->out.head_dim,
                        (long long)cfg->head_dim_v);
-    /* Rows of out that share memory would each be written by whichever task
-     * comes last, so the result would depend on the thread schedule. Along one
-     * dim the overlap is certain when the stride is below the row's length
-     * (0: a broadcast view, which suits inputs only); overlaps across two
-     * dims are not looked for (fmha.h). */
-    const int64_t out_dims[3] = {a->out.batch, a->out.seqlen, a->out.heads};
-    const int64_t out_strides[3] = {a->out.stride_batch, a->out.stride_seq, a->out.stride_head};
-    const char *out_names[3] = {"batch", "seqlen", "heads"};
-    const char *out_stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
-    const int out_empty = a->out.batch == 0 || a->out.seqlen == 0; /* no row at all */
-    for (int i = 0; i < 3 && !out_empty; i++)
-        if (out_dims[i] > 1 && out_strides[i] < a->out.head_dim)
-            return INVALID("out.%s (%lld) is below out.head_dim (%lld) with out.%s %lld: rows of "
-                           "out would overlap, and what they hold would depend on the order of "
-                           "the writes; give each row of out its own memory",
-                           out_stride_names[i], (long long)out_strides[i],
-                           (long long)a->out.head_dim, out_names[i], (long long)out_dims[i]);
+    if ((st = check_out_rows(&a->out, "out")) != FMHA_STATUS_OK)
+        return st;
     if (a->q.batch != a->k.batch || a->q.batch != a->v.batch || a->q.batch != a->out.batch)
         return INVALID("batch sizes differ: q %lld, k %lld, v %lld, out %lld",
                        (long long)a->q.batch, (long long)a->k.batch, (long long)a->v.batch,
@@ -288,6 +298,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
     pb->group = cfg->num_heads / cfg->num_kv_heads;
     pb->d = cfg->head_dim;
     pb->dv = cfg->head_dim_v;
+    pb->pos_heads = cfg->num_heads;
 
     if ((a->cu_seqlens_q == NULL) != (a->cu_seqlens_k == NULL))
         return INVALID("cu_seqlens_q and cu_seqlens_k must both be given (packed batch) or both "
@@ -392,5 +403,73 @@ fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, c
         return INVALID("%lld x %lld x %lld scales: the byte size overflows int64",
                        (long long)r.n_batch, (long long)r.n_head, (long long)r.n_block);
     *g = r;
+    return FMHA_STATUS_OK;
+}
+
+static int is_float_dtype(fmha_dtype t)
+{
+    return t == FMHA_DTYPE_F32 || t == FMHA_DTYPE_F16 || t == FMHA_DTYPE_BF16;
+}
+
+fmha_status fmha_validate_merge(int num_parts, const fmha_tensor *parts, const float *const *lses,
+                                const fmha_tensor *out, float *lse, fmha_merge_problem *mp,
+                                fmha_lse_view views[FMHA_MERGE_MAX_PARTS])
+{
+    fmha_status st;
+    if (num_parts < 1 || num_parts > FMHA_MERGE_MAX_PARTS)
+        return INVALID("num_parts (%d) must be in [1, %d]; merge more in steps (a merge of "
+                       "merges is the merge)",
+                       num_parts, FMHA_MERGE_MAX_PARTS);
+    if (!parts)
+        return INVALID("parts is NULL: pass num_parts partial outputs");
+    if (!lses)
+        return INVALID("lses is NULL: each part needs its LSE (the forward's lse output)");
+    if (!out)
+        return INVALID("out is NULL");
+    if ((st = check_tensor(out, "out", 1)) != FMHA_STATUS_OK)
+        return st;
+    if (!is_float_dtype(out->dtype))
+        return INVALID("out.dtype (%s) must be f32, f16 or bf16", fmha_dtype_name(out->dtype));
+    if ((st = check_out_rows(out, "out")) != FMHA_STATUS_OK)
+        return st;
+    const int empty = out->batch == 0 || out->seqlen == 0;
+    int64_t rows;
+    if (mul_overflows(out->batch, out->seqlen, &rows) || mul_overflows(rows, out->heads, &rows) ||
+        rows > INT64_MAX / (int64_t)sizeof(float))
+        return INVALID("out has %lld x %lld x %lld rows: the LSE's byte size overflows int64",
+                       (long long)out->batch, (long long)out->seqlen, (long long)out->heads);
+    for (int i = 0; i < num_parts; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "parts[%d]", i);
+        if ((st = check_tensor(&parts[i], name, 1)) != FMHA_STATUS_OK)
+            return st;
+        if (!is_float_dtype(parts[i].dtype))
+            return INVALID("%s.dtype (%s) must be f32, f16 or bf16", name,
+                           fmha_dtype_name(parts[i].dtype));
+        if (parts[i].dtype != parts[0].dtype)
+            return INVALID("%s.dtype (%s) differs from parts[0].dtype (%s): the parts share one "
+                           "dtype (f32 keeps a ring's partial results exact)",
+                           name, fmha_dtype_name(parts[i].dtype), fmha_dtype_name(parts[0].dtype));
+        if (parts[i].batch != out->batch || parts[i].seqlen != out->seqlen ||
+            parts[i].heads != out->heads || parts[i].head_dim != out->head_dim)
+            return INVALID("%s's shape [%lld, %lld, %lld, %lld] differs from out's [%lld, %lld, "
+                           "%lld, %lld]: every part holds the same query rows",
+                           name, (long long)parts[i].batch, (long long)parts[i].seqlen,
+                           (long long)parts[i].heads, (long long)parts[i].head_dim,
+                           (long long)out->batch, (long long)out->seqlen, (long long)out->heads,
+                           (long long)out->head_dim);
+        if (!lses[i] && !empty)
+            return INVALID("lses[%d] is NULL: each part needs its LSE [batch, heads, seqlen]", i);
+        views[i].data = (float *)lses[i];
+        views[i].stride_head = out->seqlen;
+        views[i].stride_batch = out->heads * out->seqlen;
+    }
+    mp->n = num_parts;
+    mp->parts = parts;
+    mp->lses = views;
+    mp->out = *out;
+    mp->lse.data = lse;
+    mp->lse.stride_head = out->seqlen;
+    mp->lse.stride_batch = out->heads * out->seqlen;
     return FMHA_STATUS_OK;
 }

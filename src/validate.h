@@ -28,4 +28,10 @@ fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, c
                                    fmha_fp8_scaling scaling, int64_t block_rows,
                                    fmha_fp8_groups *g);
 
+/* Checks the arguments of fmha_merge_partials and fills `mp`, whose LSE
+ * views live in `views`. */
+fmha_status fmha_validate_merge(int num_parts, const fmha_tensor *parts, const float *const *lses,
+                                const fmha_tensor *out, float *lse, fmha_merge_problem *mp,
+                                fmha_lse_view views[FMHA_MERGE_MAX_PARTS]);
+
 #endif /* FMHA_VALIDATE_H */

@@ -193,4 +193,7 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_smooth_k_scratch,
     fmha_cuda_smooth_k,
     cuda_unsmooth,
+    fmha_cuda_merge,
+    fmha_cuda_copy,
+    fmha_cuda_fill_f32,
 };

@@ -473,3 +473,118 @@ fmha_status fmha_validate_merge(int num_parts, const fmha_tensor *parts, const f
     mp->lse.stride_batch = out->heads * out->seqlen;
     return FMHA_STATUS_OK;
 }
+
+fmha_status fmha_validate_sp_config(const fmha_sp_config *sp, int ranks)
+{
+    if (!sp)
+        return INVALID("sp config is NULL: fill one with fmha_sp_config_init");
+    if (sp->ulysses < 1 || sp->ulysses > 65536)
+        return INVALID("ulysses (%d) must be in [1, 65536] (1: no Ulysses)", sp->ulysses);
+    if (sp->ring < 1 || sp->ring > 65536)
+        return INVALID("ring (%d) must be in [1, 65536] (1: no ring)", sp->ring);
+    if ((unsigned)sp->layout > FMHA_SP_LAYOUT_ZIGZAG)
+        return INVALID("layout (%d) is not a fmha_sp_layout value", (int)sp->layout);
+    if ((int64_t)sp->ulysses * sp->ring != ranks)
+        return INVALID("ulysses (%d) x ring (%d) = %lld ranks, but there are %d: sequence "
+                       "parallelism of degree %d needs ulysses x ring = %d",
+                       sp->ulysses, sp->ring, (long long)sp->ulysses * sp->ring, ranks, ranks,
+                       ranks);
+    return FMHA_STATUS_OK;
+}
+
+/* A group of sequence-parallel tensors checked as a forward call's: shapes
+ * against cfg, dtypes, strides, out's rows. */
+static fmha_status check_sp_tensors(const fmha_config *cfg, const fmha_tensor *q,
+                                    const fmha_tensor *k, const fmha_tensor *v,
+                                    const fmha_tensor *out, float *lse)
+{
+    fmha_forward_args f;
+    memset(&f, 0, sizeof f);
+    f.q = *q, f.k = *k, f.v = *v, f.out = *out, f.lse = lse;
+    fmha_problem pb;
+    return fmha_validate_args(cfg, &f, &pb);
+}
+
+fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, int rank, int ranks,
+                             fmha_device device, const char *comm_name, const fmha_sp_args *a,
+                             fmha_sp_problem *pb)
+{
+    fmha_status st;
+    if ((st = fmha_validate_config(cfg)) != FMHA_STATUS_OK ||
+        (st = fmha_validate_sp_config(sp, ranks)) != FMHA_STATUS_OK)
+        return st;
+    if (!a)
+        return INVALID("sp args are NULL");
+    if (cfg->device != device)
+        return INVALID("cfg.device is %s, but the %s communicator moves %s memory: %s",
+                       cfg->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", comm_name,
+                       device == FMHA_DEVICE_CUDA ? "device" : "host",
+                       device == FMHA_DEVICE_CUDA ? "use NCCL with device cuda"
+                                                  : "use MPI with device cpu, NCCL for CUDA");
+    if (cfg->dtype == FMHA_DTYPE_F8_E4M3 || cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "sequence parallelism runs f32, f16 and bf16 attention; FP8 "
+                              "(f8_e4m3 inputs or fp8_compute) is not supported yet");
+    const int64_t h = cfg->num_heads, kv = cfg->num_kv_heads, u = sp->ulysses;
+    if (h % u != 0)
+        return INVALID("num_heads (%lld) is not divisible by ulysses (%lld): each Ulysses rank "
+                       "takes num_heads / ulysses query heads; choose a ulysses degree that "
+                       "divides %lld and give the rest of the degree to ring",
+                       (long long)h, (long long)u, (long long)h);
+    if (kv % u != 0 && u % kv != 0)
+        return INVALID("num_kv_heads (%lld) and ulysses (%lld): neither divides the other, so "
+                       "the KV heads can be neither split (num_kv_heads / ulysses per rank) nor "
+                       "replicated (ulysses / num_kv_heads ranks per KV head); choose a ulysses "
+                       "degree that divides %lld or is a multiple of it",
+                       (long long)kv, (long long)u, (long long)kv);
+    if (a->seqlen < 0 || a->seqlen > ((int64_t)1 << 40))
+        return INVALID("seqlen (%lld) must be in [0, 2^40]: the tokens of the whole sequence",
+                       (long long)a->seqlen);
+    if ((unsigned)a->joint > FMHA_SP_JOINT_REAR)
+        return INVALID("joint (%d) is not a fmha_sp_joint value", (int)a->joint);
+    if ((st = check_sp_tensors(cfg, &a->q, &a->k, &a->v, &a->out, a->lse)) != FMHA_STATUS_OK)
+        return st;
+    const fmha_sp_tokmap mine = fmha_sp_rank_tokens(sp, a->seqlen, rank);
+    if (a->q.seqlen != mine.total)
+        return INVALID("q.seqlen (%lld) differs from the %lld tokens rank %d holds of a sequence "
+                       "of %lld over ulysses %d x ring %d (%s layout): shard with fmha_sp_tokens",
+                       (long long)a->q.seqlen, (long long)mine.total, rank, (long long)a->seqlen,
+                       sp->ulysses, sp->ring,
+                       sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
+    if (a->k.seqlen != a->q.seqlen)
+        return INVALID("k.seqlen (%lld) differs from q.seqlen (%lld): a rank holds the same "
+                       "tokens of q, k and v",
+                       (long long)a->k.seqlen, (long long)a->q.seqlen);
+    int64_t text = 0;
+    if (a->joint != FMHA_SP_JOINT_NONE) {
+        if ((st = check_sp_tensors(cfg, &a->q_joint, &a->k_joint, &a->v_joint, &a->out_joint,
+                                   a->lse_joint)) != FMHA_STATUS_OK)
+            return st;
+        text = a->q_joint.seqlen;
+        if (a->k_joint.seqlen != text)
+            return INVALID("k_joint.seqlen (%lld) differs from q_joint.seqlen (%lld): joint "
+                           "tokens are the same tokens in q, k and v",
+                           (long long)a->k_joint.seqlen, (long long)text);
+        if (a->q_joint.batch != a->q.batch)
+            return INVALID("q_joint.batch (%lld) differs from q.batch (%lld)",
+                           (long long)a->q_joint.batch, (long long)a->q.batch);
+    }
+    memset(pb, 0, sizeof *pb);
+    pb->u = sp->ulysses;
+    pb->r = sp->ring;
+    pb->slot = rank / sp->ulysses;
+    pb->member = rank % sp->ulysses;
+    pb->batch = a->q.batch;
+    pb->heads = h;
+    pb->kv_heads = kv;
+    pb->lheads = h / u;
+    pb->lkv = kv % u == 0 ? kv / u : 1;
+    pb->d = cfg->head_dim;
+    pb->dv = cfg->head_dim_v;
+    pb->seqlen = a->seqlen;
+    pb->text = text;
+    pb->img0 = a->joint == FMHA_SP_JOINT_FRONT ? text : 0;
+    pb->text0 = a->joint == FMHA_SP_JOINT_REAR ? a->seqlen : 0;
+    pb->local = mine.total;
+    return FMHA_STATUS_OK;
+}

@@ -190,38 +190,36 @@ template <int D, int IN> struct consumer {
                 }
             }
     }
-}
 
-/* P as wgmma's register A operand. 16-bit: keys 16 kk .. 16 kk + 15 in
+    /* P as wgmma's register A operand. 16-bit: keys 16 kk .. 16 kk + 15 in
      * the accumulator's own order. FP8: register v1 + 2 v2 of fragment kq
      * holds row rh = v1 at k positions 16 v2 + 4 (lane % 4) + v0, v0 = 0..3;
      * taking them from this thread's accumulators x[4 j + 2 v1 + e], j = 4 kq
      * + 2 v2 + v0 / 2, e = v0 % 2, puts key 8 (v0 / 2) + 2 (lane % 4) + e of
      * the 16-key group at position 4 (lane % 4) + v0: vt_kernel stores V^T in
      * that order (vt_key). */
-static __device__ __forceinline__ void
-pack(const float *sc, uint32_t (*pa)[4])
-{
-    if (TL::FP8) {
+    static __device__ __forceinline__ void pack(const float *sc, uint32_t (*pa)[4])
+    {
+        if (TL::FP8) {
 #pragma unroll
-        for (int kq = 0; kq < PA; kq++)
+            for (int kq = 0; kq < PA; kq++)
 #pragma unroll
-            for (int v2 = 0; v2 < 2; v2++)
+                for (int v2 = 0; v2 < 2; v2++)
 #pragma unroll
-                for (int v1 = 0; v1 < 2; v1++) {
-                    const float *x0 = sc + 4 * (4 * kq + 2 * v2) + 2 * v1, *x1 = x0 + 4;
-                    pa[kq][v1 + 2 * v2] = pack4_e4m3(x0[0], x0[1], x1[0], x1[1]);
-                }
-    } else {
+                    for (int v1 = 0; v1 < 2; v1++) {
+                        const float *x0 = sc + 4 * (4 * kq + 2 * v2) + 2 * v1, *x1 = x0 + 4;
+                        pa[kq][v1 + 2 * v2] = pack4_e4m3(x0[0], x0[1], x1[0], x1[1]);
+                    }
+        } else {
 #pragma unroll
-        for (int kk = 0; kk < PA; kk++) {
-            pa[kk][0] = pack2<IN == IN_BF16>(sc[8 * kk + 0], sc[8 * kk + 1]);
-            pa[kk][1] = pack2<IN == IN_BF16>(sc[8 * kk + 2], sc[8 * kk + 3]);
-            pa[kk][2] = pack2<IN == IN_BF16>(sc[8 * kk + 4], sc[8 * kk + 5]);
-            pa[kk][3] = pack2<IN == IN_BF16>(sc[8 * kk + 6], sc[8 * kk + 7]);
+            for (int kk = 0; kk < PA; kk++) {
+                pa[kk][0] = pack2<IN == IN_BF16>(sc[8 * kk + 0], sc[8 * kk + 1]);
+                pa[kk][1] = pack2<IN == IN_BF16>(sc[8 * kk + 2], sc[8 * kk + 3]);
+                pa[kk][2] = pack2<IN == IN_BF16>(sc[8 * kk + 4], sc[8 * kk + 5]);
+                pa[kk][3] = pack2<IN == IN_BF16>(sc[8 * kk + 6], sc[8 * kk + 7]);
+            }
         }
     }
-}
 };
 
 } // namespace

@@ -1120,6 +1120,9 @@ static int cmd_info(void)
         else
             printf("  %-4s inputs: %s\n", fmha_dtype_name(dts[i]), fmha_last_error());
     }
+    printf("sequence parallelism: mpi %s, nccl %s\n",
+           fmha_comm_built(FMHA_COMM_MPI) ? "built" : "not built",
+           fmha_comm_built(FMHA_COMM_NCCL) ? "built" : "not built");
     if (!cuda_built)
         printf("gpus: not looked for (this build has no CUDA backend)\n");
     else if (ngpu == 0)

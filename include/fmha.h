@@ -406,6 +406,9 @@ FMHA_API void fmha_comm_free(fmha_comm *comm);
 /* This process's rank and the number of ranks (-1 for a NULL comm). */
 FMHA_API int fmha_comm_rank(const fmha_comm *comm);
 FMHA_API int fmha_comm_size(const fmha_comm *comm);
+/* Bytes this rank has sent through `comm` so far (-1 for a NULL comm): what
+ * a benchmark compares with the cost model's traffic. */
+FMHA_API int64_t fmha_comm_bytes_sent(const fmha_comm *comm);
 
 /* Which tokens of the sequence a rank holds. */
 typedef enum fmha_sp_layout {

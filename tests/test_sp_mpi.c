@@ -149,6 +149,40 @@ static void describe(const sp_case *c, const fmha_sp_config *sp, char *buf, size
              c->dropout);
 }
 
+/* What one rank sends (docs/sequence_parallel.md): Ulysses' q, k, v of its
+ * n tokens for the other members' heads and the slot's output rows (and
+ * LSE) of theirs back, the ring's K/V of the slot it holds at each of r - 1
+ * steps, and its text partial (f32 out and LSE) to every other rank. */
+static int64_t expected_bytes(const sp_case *c, const fmha_sp_config *sp, int64_t n)
+{
+    const int64_t u = sp->ulysses, r = sp->ring, e = (int64_t)fmha_dtype_size(c->dt);
+    const int64_t oe = (int64_t)fmha_dtype_size(c->odt), hl = c->h / u;
+    const int64_t kvl = c->kv % u == 0 ? c->kv / u : 1, slot = rank / u, member = rank % u;
+    int64_t total = 0;
+    int64_t slot_len[64] = {0};
+    for (int64_t i = 0; i < r; i++) {
+        int64_t start[2], len[2];
+        int nseg;
+        fmha_sp_config one = *sp;
+        one.ulysses = 1;
+        fmha_sp_tokens(&one, c->s, (int)i, start, len, &nseg);
+        slot_len[i] = len[0] + (nseg > 1 ? len[1] : 0);
+    }
+    const int64_t L = slot_len[slot];
+    for (int64_t j = 0; j < u; j++) {
+        if (j == member)
+            continue;
+        const int64_t lj = L * (j + 1) / u - L * j / u;
+        total += n * c->b * (hl + 2 * kvl) * c->d * e; /* q, k, v in */
+        total += lj * c->b * hl * (c->d * oe + 4);     /* out and lse back */
+    }
+    for (int64_t t = 0; t + 1 < r; t++)
+        total += slot_len[(slot - t + r) % r] * c->b * 2 * kvl * c->d * e;
+    if (c->joint)
+        total += (u * r - 1) * c->t * c->b * hl * (c->d + 1) * 4;
+    return total;
+}
+
 /* A tensor of n tokens (n may be 0: a rank without tokens). */
 static void tensor_n(tu_tensor *x, fmha_dtype dt, int64_t b, int64_t n, int64_t h, int64_t d,
                      int layout, unsigned char poison)
@@ -205,7 +239,9 @@ static void run_mode(const sp_case *c, const whole *w, fmha_comm *comm, const fm
         a.lse_joint = lsej;
     }
     const fmha_config cfg = config_of(c);
+    const int64_t sent0 = fmha_comm_bytes_sent(comm);
     fmha_status st = fmha_sp_forward(&cfg, sp, comm, &a);
+    const int64_t sent = fmha_comm_bytes_sent(comm) - sent0;
     TU_CHECK(st == FMHA_STATUS_OK, "%s: %s", what, fmha_last_error());
     if (st == FMHA_STATUS_OK) {
         int bad = 0;
@@ -221,6 +257,9 @@ static void run_mode(const sp_case *c, const whole *w, fmha_comm *comm, const fm
                  "%.3g%s",
                  what, rank, e_sp, e_kernel, e_vs_kernel, el, bad ? ", non-finite" : "");
         TU_CHECK(tu_gaps_untouched(&out, poison), "%s rank %d: wrote outside out", what, rank);
+        const int64_t want = expected_bytes(c, sp, n);
+        TU_CHECK(sent == want, "%s rank %d: sent %lld bytes, the traffic's formula says %lld", what,
+                 rank, (long long)sent, (long long)want);
         if (T) {
             const double ej = rows_err(&oj, &w->ref, tpos, T, &bad);
             const double elj = lse_rows_err(lsej, w->lse_ref, c, w->n, tpos, T, &bad);

@@ -97,3 +97,8 @@ int fmha_comm_size(const fmha_comm *comm)
 {
     return comm ? comm->size : -1;
 }
+
+int64_t fmha_comm_bytes_sent(const fmha_comm *comm)
+{
+    return comm ? comm->bytes_sent : -1;
+}

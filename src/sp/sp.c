@@ -187,10 +187,19 @@ static fmha_status attend_runs(sp_run *r, const fmha_tensor *q, const run_list *
     return FMHA_STATUS_OK;
 }
 
+/* Starts transfers, counting the bytes sent (fmha_comm_bytes_sent). */
+static fmha_status start(sp_run *r, const fmha_comm_xfer *x, int n, void **pending)
+{
+    for (int i = 0; i < n; i++)
+        if (x[i].send)
+            r->comm->bytes_sent += (int64_t)x[i].bytes;
+    return r->comm->ops->start(r->comm, x, n, pending);
+}
+
 static fmha_status exchange(sp_run *r, const fmha_comm_xfer *x, int n)
 {
     void *p;
-    fmha_status st = r->comm->ops->start(r->comm, x, n, &p);
+    fmha_status st = start(r, x, n, &p);
     return st != FMHA_STATUS_OK ? st : r->comm->ops->wait(r->comm, p);
 }
 
@@ -500,7 +509,7 @@ static fmha_status sp_forward(sp_run *r)
                 {prev, 0, K[1 - cur].data, block_bytes(&K[1 - cur], ilen)},
                 {prev, 0, V[1 - cur].data, block_bytes(&V[1 - cur], ilen)},
             };
-            if ((st = r->comm->ops->start(r->comm, x, 4, &r->pending)) != FMHA_STATUS_OK)
+            if ((st = start(r, x, 4, &r->pending)) != FMHA_STATUS_OK)
                 return st;
         }
         st = attend_runs(r, &Q, &mine, &r->acc, r->acc_lse, &K[cur], &V[cur], &keys);

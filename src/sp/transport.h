@@ -41,8 +41,9 @@ struct fmha_comm {
     fmha_comm_kind kind;
     fmha_device device; /* where the transferred memory lives */
     int rank, size;
-    void *stream; /* NCCL: the caller's cudaStream_t, where attention runs */
-    void *impl;   /* the implementation's own state */
+    void *stream;       /* NCCL: the caller's cudaStream_t, where attention runs */
+    void *impl;         /* the implementation's own state */
+    int64_t bytes_sent; /* through start's sends, for fmha_comm_bytes_sent */
 };
 
 #endif /* FMHA_SP_TRANSPORT_H */

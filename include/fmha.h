@@ -298,6 +298,183 @@ typedef struct fmha_forward_args {
     int64_t descale_block_rows; /* tokens per block for FMHA_DESCALE_PER_BLOCK */
 } fmha_forward_args;
 
+/* ------------------------------------------------------- merging partials */
+
+/* Merges attention outputs of the same queries computed over disjoint sets
+ * of keys (a split of the keys, a ring's steps, cached and new keys) into the
+ * output over all of them, by their LSEs:
+ *
+ *     lse = log(sum_i exp(lse_i)),   out = sum_i exp(lse_i - lse) * parts[i]
+ *
+ * in f32 (weights exp(lse_i - max) once per row), so the result is the
+ * attention over the union to f32 rounding.
+ *   parts[i] [batch, seqlen, heads, head_dim_v] f32, f16 or bf16, one dtype for
+ *            all (f32 keeps partial results exact), any strides as in
+ *            fmha_forward_args.out
+ *   lses[i]  [batch, heads, seqlen] contiguous f32, the forward's lse of part i
+ *            (packed batches: batch 1, [heads, total_q], as the forward writes it)
+ *   out      same shape, f32, f16 or bf16, its own strides; may be exactly one
+ *            part's view (same data and strides), merged in place
+ *   lse      [batch, heads, seqlen] f32, the merged LSE (optional, may be NULL;
+ *            may be one part's lse array)
+ * A part whose LSE is -inf saw no key: it weighs 0 and its output is not read
+ * (it may hold anything); a row that no part saw is out 0, lse -inf, as in
+ * the forward. A NaN (or +inf) LSE makes its row NaN, out and lse, and a NaN
+ * or inf element of a part that weighs something spreads to the same
+ * element of out (docs/reliability.md). 1 to 32 parts per call; more merge in
+ * steps. Every argument is validated before anything is written; batch 0 or
+ * seqlen 0 writes nothing. The CPU runs on OpenMP's threads. */
+FMHA_API fmha_status fmha_merge_partials(int num_parts, const fmha_tensor *parts,
+                                         const float *const *lses, fmha_tensor *out, float *lse);
+
+/* fmha_merge_partials on the current CUDA device: the same arguments and
+ * semantics with every pointer (tensor data, lses, lse) in device memory and
+ * the work queued on `stream` (a cudaStream_t; NULL = the default stream),
+ * one launch. UNSUPPORTED when fmha was built without CUDA or finds no
+ * device of compute capability 8.0 or later. */
+FMHA_API fmha_status fmha_merge_partials_cuda(int num_parts, const fmha_tensor *parts,
+                                              const float *const *lses, fmha_tensor *out,
+                                              float *lse, void *stream);
+
+/* --------------------------------------------------- sequence parallelism */
+
+/* Attention over a sequence spread across ranks (docs/sequence_parallel.md):
+ * every rank holds some tokens of q, k and v, and fmha_sp_forward gives each
+ * its tokens' output, equal to a single-device forward over the whole
+ * sequence (dropout included: every piece draws the single-device mask).
+ *
+ *   Ulysses (degree u): an all-to-all turns each rank's [B, S/u, H, D] into
+ *     [B, S, H/u, D], attention runs on whole sequences of H/u heads, and a
+ *     second all-to-all turns the output back.
+ *   Ring (degree r): K/V blocks travel around the ring, the next one in
+ *     flight while the current one is attended to (two buffers), and the
+ *     partial outputs are merged by their LSEs (fmha_merge_partials).
+ *   Both: ranks = u x r; the u ranks of a ring slot do Ulysses, the r slots a
+ *     ring. Rank p is ring slot p / u, Ulysses member p % u (put the Ulysses
+ *     ranks on one node: its all-to-all is the heavier traffic).
+ *
+ * Communication goes through the caller's own communicator (fmha_comm, made
+ * from an MPI_Comm or an ncclComm_t); fmha never starts processes or opens
+ * connections of its own.
+ *
+ * Usage (MPI, CPU ranks; fmha_sp.h gives typed helpers):
+ *
+ *     fmha_comm *comm;
+ *     fmha_comm_init(&comm, FMHA_COMM_MPI, &mpi_comm, NULL);   // collective
+ *     fmha_sp_config sp;
+ *     fmha_sp_config_init(&sp, 2, 2);                          // u = 2, r = 2
+ *     int64_t start[2], len[2]; int nseg;
+ *     fmha_sp_tokens(&sp, S, fmha_comm_rank(comm), start, len, &nseg);   // my tokens
+ *     fmha_sp_args a = {0};
+ *     a.seqlen = S;
+ *     a.q = fmha_tensor_bshd(q, FMHA_DTYPE_BF16, B, len[0] + (nseg > 1 ? len[1] : 0), H, D);
+ *     ...
+ *     fmha_sp_forward(&cfg, &sp, comm, &a);                    // collective
+ *     fmha_comm_free(comm);
+ */
+
+/* Which communication library a fmha_comm wraps. */
+typedef enum fmha_comm_kind {
+    FMHA_COMM_MPI = 1, /* an MPI_Comm; host memory, cfg.device CPU */
+    FMHA_COMM_NCCL     /* an ncclComm_t and a cudaStream_t; device memory, cfg.device CUDA */
+} fmha_comm_kind;
+
+typedef struct fmha_comm fmha_comm;
+
+/* 1 if this build has the communicator of `kind` (CMake's FMHA_MPI /
+ * FMHA_NCCL found the library), else 0. */
+FMHA_API int fmha_comm_built(fmha_comm_kind kind);
+/* "mpi", "nccl". */
+FMHA_API const char *fmha_comm_kind_name(fmha_comm_kind kind);
+
+/* Wraps the caller's communicator; the caller keeps it and frees it after
+ * fmha_comm_free.
+ *   MPI:  `handle` points to an MPI_Comm of the MPI this fmha was built
+ *         with (fmha_comm_built), initialized; `stream` must be NULL.
+ *         Collective: fmha duplicates the communicator (MPI_Comm_dup), so
+ *         that its messages never meet the caller's, and sets its errors to
+ *         return rather than abort.
+ *   NCCL: `handle` points to an ncclComm_t, `stream` is the cudaStream_t
+ *         fmha_sp_forward queues its work on (NULL: the default stream). fmha
+ *         adds a stream of its own on the current device for the transfers,
+ *         so that they overlap attention.
+ * UNSUPPORTED where this build lacks the kind (the message says how to build
+ * it in). */
+FMHA_API fmha_status fmha_comm_init(fmha_comm **comm, fmha_comm_kind kind, const void *handle,
+                                    void *stream);
+FMHA_API void fmha_comm_free(fmha_comm *comm);
+/* This process's rank and the number of ranks (-1 for a NULL comm). */
+FMHA_API int fmha_comm_rank(const fmha_comm *comm);
+FMHA_API int fmha_comm_size(const fmha_comm *comm);
+/* Bytes this rank has sent through `comm` so far (-1 for a NULL comm): what
+ * a benchmark compares with the cost model's traffic. */
+FMHA_API int64_t fmha_comm_bytes_sent(const fmha_comm *comm);
+
+/* Which tokens of the sequence a rank holds. */
+typedef enum fmha_sp_layout {
+    FMHA_SP_LAYOUT_CONTIGUOUS = 0, /* ring slot i: tokens [i S / r, (i + 1) S / r) */
+    FMHA_SP_LAYOUT_ZIGZAG          /* the sequence cut in 2r chunks; ring slot i holds chunks
+                                      i and 2r - 1 - i, so that under a causal mask every
+                                      slot has the same work (no rank idles) */
+} fmha_sp_layout;
+
+/* Text tokens that every rank holds whole (joint attention: Flux, SD3,
+ * HunyuanVideo), joined to the distributed tokens in front or at the rear. */
+typedef enum fmha_sp_joint {
+    FMHA_SP_JOINT_NONE = 0,
+    FMHA_SP_JOINT_FRONT, /* the sequence is [text, distributed tokens] */
+    FMHA_SP_JOINT_REAR   /* the sequence is [distributed tokens, text] */
+} fmha_sp_joint;
+
+typedef struct fmha_sp_config {
+    int ulysses, ring;     /* degrees: ulysses x ring = the communicator's size */
+    fmha_sp_layout layout; /* default CONTIGUOUS */
+} fmha_sp_config;
+
+FMHA_API void fmha_sp_config_init(fmha_sp_config *sp, int ulysses, int ring);
+
+/* The tokens rank `rank` holds of a sequence of `seqlen` tokens, in the
+ * order it holds them: *nseg (1 or 2) runs of len[i] tokens from start[i].
+ * Ring slot i's tokens (fmha_sp_layout) are cut into u consecutive pieces,
+ * one per Ulysses member; a cut of n into k is at n * j / k, so sizes that
+ * do not divide give pieces that differ by one token. */
+FMHA_API fmha_status fmha_sp_tokens(const fmha_sp_config *sp, int64_t seqlen, int rank,
+                                    int64_t start[2], int64_t len[2], int *nseg);
+
+/* Arguments of one sequence-parallel forward, on every rank:
+ *   q, k, v, out  this rank's tokens (fmha_sp_tokens), [batch, n, heads,
+ *                 head_dim] as in fmha_forward_args (any strides)
+ *   lse           [batch, num_heads, n] f32 (optional)
+ *   seqlen        the distributed tokens of the whole sequence
+ *   joint         text tokens: q_joint, k_joint, v_joint [batch, T, heads,
+ *                 head_dim], the same on every rank; out_joint (and lse_joint
+ *                 [batch, num_heads, T], optional) is written on every rank
+ *   seed, offset  the dropout stream, the same on every rank
+ * Masks (causal, windows) apply to positions in the whole sequence (text
+ * included). Padded batches only (no cu_seqlens). */
+typedef struct fmha_sp_args {
+    fmha_tensor q, k, v, out;
+    float *lse;
+    int64_t seqlen;
+    fmha_sp_joint joint;
+    fmha_tensor q_joint, k_joint, v_joint, out_joint;
+    float *lse_joint;
+    uint64_t seed, offset;
+} fmha_sp_args;
+
+/* Collective over `comm`: every rank calls it with the same configuration
+ * and its own tokens. GQA: num_kv_heads must divide by ulysses (each rank
+ * gets num_kv_heads / u of them), or ulysses by num_kv_heads, in which case
+ * each KV head is sent to the u / num_kv_heads ranks whose query heads use
+ * it (replicated, as xDiT and sglang do); anything else is
+ * INVALID_ARGUMENT naming both numbers. On the MPI communicator the call
+ * returns with the results written; on NCCL, once the work is queued on the
+ * communicator's stream. Every argument is validated on each rank before any
+ * message is sent, so a refused call sends nothing (if ranks disagree — one
+ * refuses, another does not — the others wait: check on every rank). */
+FMHA_API fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp,
+                                     fmha_comm *comm, const fmha_sp_args *args);
+
 /* ------------------------------------------------------------ kernel choice */
 
 typedef struct fmha_kernel_info {

@@ -28,6 +28,31 @@ typedef struct fmha_fp8_groups {
     int64_t count;
 } fmha_fp8_groups;
 
+/* A row-major LSE array seen as [batch, heads, seqlen] with seqlen
+ * contiguous: lse[b, h, s] = data[b * stride_batch + h * stride_head + s].
+ * fmha_forward_args' lse is stride_head = seqlen, stride_batch = heads *
+ * seqlen; sequence parallelism (src/sp/) also takes row ranges of one. */
+typedef struct fmha_lse_view {
+    float *data;
+    int64_t stride_batch, stride_head;
+} fmha_lse_view;
+
+/* The most parts one merge takes: CUDA passes them all in the kernel's
+ * parameters. A merge of merges is the merge, so more go in steps. */
+#define FMHA_MERGE_MAX_PARTS 32
+
+/* A validated merge of partial attention outputs (fmha_merge_partials):
+ * parts[i] and out share one shape [batch, seqlen, heads, dv], the parts one
+ * dtype; lses[i] and lse (data NULL: not wanted) index [batch, heads, seqlen].
+ * out may be one part's very view and lse that part's LSE (in place). */
+typedef struct fmha_merge_problem {
+    int n;
+    const fmha_tensor *parts;
+    const fmha_lse_view *lses;
+    fmha_tensor out;
+    fmha_lse_view lse;
+} fmha_merge_problem;
+
 typedef struct fmha_backend {
     fmha_device device;
     const char *name; /* "cpu", "cuda" */
@@ -83,6 +108,16 @@ typedef struct fmha_backend {
      * memory). NULL where no kernel of the backend reads caches. */
     fmha_status (*kv_append)(const fmha_problem *pb, const fmha_kvcache_args *a,
                              const fmha_tensor *q_rot);
+
+    /* What sequence parallelism (src/sp/) does between attention calls, in
+     * the backend's memory, queued on `stream` where the device has one. */
+    /* A validated merge (fmha_merge_partials, the ring's running result). */
+    fmha_status (*merge)(const fmha_merge_problem *mp, void *stream);
+    /* dst = src element by element (f32, f16, bf16, converted as
+     * fmha_store_f32 does), views of one shape. */
+    fmha_status (*copy)(const fmha_tensor *dst, const fmha_tensor *src, void *stream);
+    /* p[0 .. n) = value. */
+    fmha_status (*fill_f32)(float *p, int64_t n, float value, void *stream);
 } fmha_backend;
 
 #ifdef __cplusplus

@@ -37,6 +37,13 @@ typedef struct fmha_problem {
     const int32_t *page_table;    /* paged caches: [batch][page_stride] */
     int64_t page_stride, page_size;
     int64_t num_splits; /* key splits asked for (0: the backend chooses) */
+
+    /* Where this call's rows, keys and heads sit in a larger problem that it
+     * is a piece of (sequence parallelism, src/sp/): the dropout stream is
+     * drawn at (seq * pos_heads + pos_head0 + head, pos_row0 + row, pos_col0 +
+     * key), so that every piece draws the single-device mask. Validation sets
+     * the identity: 0, 0, 0 and heads. */
+    int64_t pos_row0, pos_col0, pos_head0, pos_heads;
 } fmha_problem;
 
 /* Keys of sequence b in a decode call: cached plus appended. */

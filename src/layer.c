@@ -3,6 +3,7 @@
  * refined for its views (fmha_plan_for_call) and run on the plan's backend. */
 #include "alloc.h"
 #include "backends.h"
+#include "layer.h"
 #include "layer_fp8.h"
 #include "select.h"
 #include "validate.h"
@@ -103,21 +104,22 @@ const char *fmha_layer_path_name(fmha_layer_path path)
     return "unknown";
 }
 
-/* A validated call on the layer's path. */
-static fmha_status run(fmha_layer *l, fmha_problem *pb)
+/* A validated call on the layer's path, with `plan` (the layer's, or a
+ * piece's: the same but its mask). */
+static fmha_status run(fmha_layer *l, const fmha_plan *plan, fmha_problem *pb)
 {
     fmha_kernel_info ran;
     /* Without keys there is nothing to quantize: the direct path answers
      * (every row 0, lse -inf). */
-    if (l->plan.path == FMHA_LAYER_PATH_FP8 && pb->max_sk > 0) {
-        fmha_status st = fmha_fp8_layer_forward(&l->plan, l->be, &l->fp8, &l->ws, pb, &ran);
+    if (plan->path == FMHA_LAYER_PATH_FP8 && pb->max_sk > 0) {
+        fmha_status st = fmha_fp8_layer_forward(plan, l->be, &l->fp8, &l->ws, pb, &ran);
         if (st == FMHA_STATUS_OK)
             l->last.kernel = &fmha_kernels[ran.id];
         return st;
     }
-    pb->cfg = &l->plan.cfg;
+    pb->cfg = &plan->cfg;
     fmha_plan call;
-    fmha_status st = fmha_plan_for_call(&l->plan, pb, &call);
+    fmha_status st = fmha_plan_for_call(plan, pb, &call);
     if (st != FMHA_STATUS_OK)
         return st;
     l->last = call;
@@ -147,8 +149,10 @@ static fmha_status check_finite(const fmha_layer *l, const fmha_forward_args *a)
     return FMHA_STATUS_OK;
 }
 
-/* A call on a layer that no other thread is using. */
-static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args)
+/* A call on a layer that no other thread is using; `piece` (NULL: none)
+ * replaces the mask and places the call in a larger problem. */
+static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args,
+                           const fmha_piece *piece)
 {
     /* Validation reads cu_seqlens on the host: a device backend copies them. */
     fmha_forward_args host = *args;
@@ -161,19 +165,39 @@ static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args)
         host.cu_seqlens_q = cq;
         host.cu_seqlens_k = ck;
     }
+    fmha_plan piece_plan;
+    const fmha_plan *plan = &layer->plan;
+    fmha_config cfg = layer->cfg;
+    if (piece) {
+        piece_plan = layer->plan;
+        fmha_config *c[2] = {&cfg, &piece_plan.cfg};
+        for (int i = 0; i < 2; i++) {
+            c[i]->causal = piece->causal;
+            c[i]->window_left = piece->window_left;
+            c[i]->window_right = piece->window_right;
+        }
+        plan = &piece_plan;
+    }
     fmha_problem pb;
     /* No query row: nothing to compute or write (torch's empty result). */
-    if ((st = fmha_validate_args(&layer->cfg, &host, &pb)) == FMHA_STATUS_OK && pb.batch > 0 &&
+    if ((st = fmha_validate_args(&cfg, &host, &pb)) == FMHA_STATUS_OK && pb.batch > 0 &&
         pb.max_sq > 0 && (st = check_finite(layer, args)) == FMHA_STATUS_OK) {
         pb.args = args;
-        st = run(layer, &pb);
+        if (piece) {
+            pb.pos_row0 = piece->row0;
+            pb.pos_col0 = piece->col0;
+            pb.pos_head0 = piece->head0;
+            pb.pos_heads = piece->heads;
+        }
+        st = run(layer, plan, &pb);
     }
     fmha_free(cq);
     fmha_free(ck);
     return st;
 }
 
-fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+static fmha_status forward_exclusive(fmha_layer *layer, const fmha_forward_args *args,
+                                     const fmha_piece *piece)
 {
     fmha_clear_error();
     if (!layer)
@@ -186,7 +210,7 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
                               "the layer is running a call on another thread: a layer runs one "
                               "call at a time (it owns that call's scratch); give each thread "
                               "its own layer (fmha_layer_init)");
-    fmha_status st = forward(layer, args);
+    fmha_status st = forward(layer, args, piece);
     atomic_store(&layer->busy, 0);
     return st;
 }
@@ -248,6 +272,17 @@ fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args)
     st = fmha_layer_decode(layer, args);
     fmha_layer_free(layer);
     return st;
+}
+
+fmha_status fmha_layer_forward_piece(fmha_layer *layer, const fmha_forward_args *args,
+                                     const fmha_piece *piece)
+{
+    return forward_exclusive(layer, args, piece);
+}
+
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+{
+    return forward_exclusive(layer, args, NULL);
 }
 
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)

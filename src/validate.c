@@ -4,6 +4,7 @@
 #include "validate.h"
 
 #include <math.h>
+#include <stdio.h>
 
 #define INVALID(...) fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
@@ -130,6 +131,30 @@ fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
     return check_tensor(t, name, 0);
 }
 
+/* Rows of an output that share memory would each be written by whichever
+ * task comes last, so the result would depend on the thread schedule. Along
+ * one dim the overlap is certain when the stride is below the row's length
+ * (0: a broadcast view, which suits inputs only); overlaps across two dims
+ * are not looked for (fmha.h). */
+static fmha_status check_out_rows(const fmha_tensor *o, const char *name)
+{
+    const int64_t dims[3] = {o->batch, o->seqlen, o->heads};
+    const int64_t strides[3] = {o->stride_batch, o->stride_seq, o->stride_head};
+    const char *dim_names[3] = {"batch", "seqlen", "heads"};
+    const char *stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
+    if (o->batch == 0 || o->seqlen == 0) /* no row at all */
+        return FMHA_STATUS_OK;
+    for (int i = 0; i < 3; i++)
+        if (dims[i] > 1 && strides[i] < o->head_dim)
+            return INVALID("%s.%s (%lld) is below %s.head_dim (%lld) with %s.%s %lld: rows of "
+                           "%s would overlap, and what they hold would depend on the order of "
+                           "the writes; give each row of %s its own memory",
+                           name, stride_names[i], (long long)strides[i], name,
+                           (long long)o->head_dim, name, dim_names[i], (long long)dims[i], name,
+                           name);
+    return FMHA_STATUS_OK;
+}
+
 static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total, const char *name,
                                     int64_t *max_len)
 {
@@ -147,28 +172,6 @@ static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total,
     if (cu[n] > total)
         return INVALID("%s[%lld] (%d) is past the tensor's %lld tokens", name, (long long)n,
                        (int)cu[n], (long long)total);
-    return FMHA_STATUS_OK;
-}
-
-/* Rows of out that share memory would each be written by whichever task
- * comes last, so the result would depend on the thread schedule. Along one
- * dim the overlap is certain when the stride is below the row's length (0: a
- * broadcast view, which suits inputs only); overlaps across two dims are not
- * looked for (fmha.h). */
-static fmha_status check_out_rows(const fmha_tensor *out)
-{
-    const int64_t out_dims[3] = {out->batch, out->seqlen, out->heads};
-    const int64_t out_strides[3] = {out->stride_batch, out->stride_seq, out->stride_head};
-    const char *out_names[3] = {"batch", "seqlen", "heads"};
-    const char *out_stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
-    const int out_empty = out->batch == 0 || out->seqlen == 0; /* no row at all */
-    for (int i = 0; i < 3 && !out_empty; i++)
-        if (out_dims[i] > 1 && out_strides[i] < out->head_dim)
-            return INVALID("out.%s (%lld) is below out.head_dim (%lld) with out.%s %lld: rows of "
-                           "out would overlap, and what they hold would depend on the order of "
-                           "the writes; give each row of out its own memory",
-                           out_stride_names[i], (long long)out_strides[i], (long long)out->head_dim,
-                           out_names[i], (long long)out_dims[i]);
     return FMHA_STATUS_OK;
 }
 
@@ -274,7 +277,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         return INVALID("v.head_dim (%lld) and out.head_dim (%lld) must equal head_dim_v (%lld)",
                        (long long)a->v.head_dim, (long long)a->out.head_dim,
                        (long long)cfg->head_dim_v);
-    if ((st = check_out_rows(&a->out)) != FMHA_STATUS_OK)
+    if ((st = check_out_rows(&a->out, "out")) != FMHA_STATUS_OK)
         return st;
     if (a->q.batch != a->k.batch || a->q.batch != a->v.batch || a->q.batch != a->out.batch)
         return INVALID("batch sizes differ: q %lld, k %lld, v %lld, out %lld",
@@ -295,6 +298,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
     pb->group = cfg->num_heads / cfg->num_kv_heads;
     pb->d = cfg->head_dim;
     pb->dv = cfg->head_dim_v;
+    pb->pos_heads = cfg->num_heads;
 
     if ((a->cu_seqlens_q == NULL) != (a->cu_seqlens_k == NULL))
         return INVALID("cu_seqlens_q and cu_seqlens_k must both be given (packed batch) or both "
@@ -537,7 +541,7 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
                            fmha_dtype_name(ts[i]->dtype), fmha_dtype_name(cfg->dtype));
     if (a->out.dtype == FMHA_DTYPE_F8_E4M3)
         return INVALID("out.dtype f8_e4m3 is not an output dtype: use f32, f16 or bf16");
-    if ((st = check_out_rows(&a->out)) != FMHA_STATUS_OK)
+    if ((st = check_out_rows(&a->out, "out")) != FMHA_STATUS_OK)
         return st;
     const int64_t want_heads[6] = {cfg->num_heads,    cfg->num_heads,    cfg->num_kv_heads,
                                    cfg->num_kv_heads, cfg->num_kv_heads, cfg->num_kv_heads};
@@ -588,6 +592,7 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     pb->max_sq = a->q.seqlen;
     pb->seqlen_new = has_new ? a->k_new.seqlen : 0;
     pb->num_splits = a->num_splits;
+    pb->pos_heads = pb->heads; /* the dropout stream's identity (no dropout here) */
     pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
     pb->drop_rescale = 1.0;
     if (pb->batch > INT32_MAX / pb->heads)
@@ -596,4 +601,187 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     if ((st = check_cache_layout(a, pb)) != FMHA_STATUS_OK)
         return st;
     return check_rotary(cfg, a, pb);
+}
+
+static int is_float_dtype(fmha_dtype t)
+{
+    return t == FMHA_DTYPE_F32 || t == FMHA_DTYPE_F16 || t == FMHA_DTYPE_BF16;
+}
+
+fmha_status fmha_validate_merge(int num_parts, const fmha_tensor *parts, const float *const *lses,
+                                const fmha_tensor *out, float *lse, fmha_merge_problem *mp,
+                                fmha_lse_view views[FMHA_MERGE_MAX_PARTS])
+{
+    fmha_status st;
+    if (num_parts < 1 || num_parts > FMHA_MERGE_MAX_PARTS)
+        return INVALID("num_parts (%d) must be in [1, %d]; merge more in steps (a merge of "
+                       "merges is the merge)",
+                       num_parts, FMHA_MERGE_MAX_PARTS);
+    if (!parts)
+        return INVALID("parts is NULL: pass num_parts partial outputs");
+    if (!lses)
+        return INVALID("lses is NULL: each part needs its LSE (the forward's lse output)");
+    if (!out)
+        return INVALID("out is NULL");
+    if ((st = check_tensor(out, "out", 1)) != FMHA_STATUS_OK)
+        return st;
+    if (!is_float_dtype(out->dtype))
+        return INVALID("out.dtype (%s) must be f32, f16 or bf16", fmha_dtype_name(out->dtype));
+    if ((st = check_out_rows(out, "out")) != FMHA_STATUS_OK)
+        return st;
+    const int empty = out->batch == 0 || out->seqlen == 0;
+    int64_t rows;
+    if (mul_overflows(out->batch, out->seqlen, &rows) || mul_overflows(rows, out->heads, &rows) ||
+        rows > INT64_MAX / (int64_t)sizeof(float))
+        return INVALID("out has %lld x %lld x %lld rows: the LSE's byte size overflows int64",
+                       (long long)out->batch, (long long)out->seqlen, (long long)out->heads);
+    for (int i = 0; i < num_parts; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "parts[%d]", i);
+        if ((st = check_tensor(&parts[i], name, 1)) != FMHA_STATUS_OK)
+            return st;
+        if (!is_float_dtype(parts[i].dtype))
+            return INVALID("%s.dtype (%s) must be f32, f16 or bf16", name,
+                           fmha_dtype_name(parts[i].dtype));
+        if (parts[i].dtype != parts[0].dtype)
+            return INVALID("%s.dtype (%s) differs from parts[0].dtype (%s): the parts share one "
+                           "dtype (f32 keeps a ring's partial results exact)",
+                           name, fmha_dtype_name(parts[i].dtype), fmha_dtype_name(parts[0].dtype));
+        if (parts[i].batch != out->batch || parts[i].seqlen != out->seqlen ||
+            parts[i].heads != out->heads || parts[i].head_dim != out->head_dim)
+            return INVALID("%s's shape [%lld, %lld, %lld, %lld] differs from out's [%lld, %lld, "
+                           "%lld, %lld]: every part holds the same query rows",
+                           name, (long long)parts[i].batch, (long long)parts[i].seqlen,
+                           (long long)parts[i].heads, (long long)parts[i].head_dim,
+                           (long long)out->batch, (long long)out->seqlen, (long long)out->heads,
+                           (long long)out->head_dim);
+        if (!lses[i] && !empty)
+            return INVALID("lses[%d] is NULL: each part needs its LSE [batch, heads, seqlen]", i);
+        views[i].data = (float *)lses[i];
+        views[i].stride_head = out->seqlen;
+        views[i].stride_batch = out->heads * out->seqlen;
+    }
+    mp->n = num_parts;
+    mp->parts = parts;
+    mp->lses = views;
+    mp->out = *out;
+    mp->lse.data = lse;
+    mp->lse.stride_head = out->seqlen;
+    mp->lse.stride_batch = out->heads * out->seqlen;
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_sp_config(const fmha_sp_config *sp, int ranks)
+{
+    if (!sp)
+        return INVALID("sp config is NULL: fill one with fmha_sp_config_init");
+    if (sp->ulysses < 1 || sp->ulysses > 65536)
+        return INVALID("ulysses (%d) must be in [1, 65536] (1: no Ulysses)", sp->ulysses);
+    if (sp->ring < 1 || sp->ring > 65536)
+        return INVALID("ring (%d) must be in [1, 65536] (1: no ring)", sp->ring);
+    if ((unsigned)sp->layout > FMHA_SP_LAYOUT_ZIGZAG)
+        return INVALID("layout (%d) is not a fmha_sp_layout value", (int)sp->layout);
+    if ((int64_t)sp->ulysses * sp->ring != ranks)
+        return INVALID("ulysses (%d) x ring (%d) = %lld ranks, but there are %d: sequence "
+                       "parallelism of degree %d needs ulysses x ring = %d",
+                       sp->ulysses, sp->ring, (long long)sp->ulysses * sp->ring, ranks, ranks,
+                       ranks);
+    return FMHA_STATUS_OK;
+}
+
+/* A group of sequence-parallel tensors checked as a forward call's: shapes
+ * against cfg, dtypes, strides, out's rows. */
+static fmha_status check_sp_tensors(const fmha_config *cfg, const fmha_tensor *q,
+                                    const fmha_tensor *k, const fmha_tensor *v,
+                                    const fmha_tensor *out, float *lse)
+{
+    fmha_forward_args f;
+    memset(&f, 0, sizeof f);
+    f.q = *q, f.k = *k, f.v = *v, f.out = *out, f.lse = lse;
+    fmha_problem pb;
+    return fmha_validate_args(cfg, &f, &pb);
+}
+
+fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, int rank, int ranks,
+                             fmha_device device, const char *comm_name, const fmha_sp_args *a,
+                             fmha_sp_problem *pb)
+{
+    fmha_status st;
+    if ((st = fmha_validate_config(cfg)) != FMHA_STATUS_OK ||
+        (st = fmha_validate_sp_config(sp, ranks)) != FMHA_STATUS_OK)
+        return st;
+    if (!a)
+        return INVALID("sp args are NULL");
+    if (cfg->device != device)
+        return INVALID("cfg.device is %s, but the %s communicator moves %s memory: %s",
+                       cfg->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", comm_name,
+                       device == FMHA_DEVICE_CUDA ? "device" : "host",
+                       device == FMHA_DEVICE_CUDA ? "use NCCL with device cuda"
+                                                  : "use MPI with device cpu, NCCL for CUDA");
+    if (cfg->dtype == FMHA_DTYPE_F8_E4M3 || cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "sequence parallelism runs f32, f16 and bf16 attention; FP8 "
+                              "(f8_e4m3 inputs or fp8_compute) is not supported yet");
+    const int64_t h = cfg->num_heads, kv = cfg->num_kv_heads, u = sp->ulysses;
+    if (h % u != 0)
+        return INVALID("num_heads (%lld) is not divisible by ulysses (%lld): each Ulysses rank "
+                       "takes num_heads / ulysses query heads; choose a ulysses degree that "
+                       "divides %lld and give the rest of the degree to ring",
+                       (long long)h, (long long)u, (long long)h);
+    if (kv % u != 0 && u % kv != 0)
+        return INVALID("num_kv_heads (%lld) and ulysses (%lld): neither divides the other, so "
+                       "the KV heads can be neither split (num_kv_heads / ulysses per rank) nor "
+                       "replicated (ulysses / num_kv_heads ranks per KV head); choose a ulysses "
+                       "degree that divides %lld or is a multiple of it",
+                       (long long)kv, (long long)u, (long long)kv);
+    if (a->seqlen < 0 || a->seqlen > ((int64_t)1 << 40))
+        return INVALID("seqlen (%lld) must be in [0, 2^40]: the tokens of the whole sequence",
+                       (long long)a->seqlen);
+    if ((unsigned)a->joint > FMHA_SP_JOINT_REAR)
+        return INVALID("joint (%d) is not a fmha_sp_joint value", (int)a->joint);
+    if ((st = check_sp_tensors(cfg, &a->q, &a->k, &a->v, &a->out, a->lse)) != FMHA_STATUS_OK)
+        return st;
+    const fmha_sp_tokmap mine = fmha_sp_rank_tokens(sp, a->seqlen, rank);
+    if (a->q.seqlen != mine.total)
+        return INVALID("q.seqlen (%lld) differs from the %lld tokens rank %d holds of a sequence "
+                       "of %lld over ulysses %d x ring %d (%s layout): shard with fmha_sp_tokens",
+                       (long long)a->q.seqlen, (long long)mine.total, rank, (long long)a->seqlen,
+                       sp->ulysses, sp->ring,
+                       sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
+    if (a->k.seqlen != a->q.seqlen)
+        return INVALID("k.seqlen (%lld) differs from q.seqlen (%lld): a rank holds the same "
+                       "tokens of q, k and v",
+                       (long long)a->k.seqlen, (long long)a->q.seqlen);
+    int64_t text = 0;
+    if (a->joint != FMHA_SP_JOINT_NONE) {
+        if ((st = check_sp_tensors(cfg, &a->q_joint, &a->k_joint, &a->v_joint, &a->out_joint,
+                                   a->lse_joint)) != FMHA_STATUS_OK)
+            return st;
+        text = a->q_joint.seqlen;
+        if (a->k_joint.seqlen != text)
+            return INVALID("k_joint.seqlen (%lld) differs from q_joint.seqlen (%lld): joint "
+                           "tokens are the same tokens in q, k and v",
+                           (long long)a->k_joint.seqlen, (long long)text);
+        if (a->q_joint.batch != a->q.batch)
+            return INVALID("q_joint.batch (%lld) differs from q.batch (%lld)",
+                           (long long)a->q_joint.batch, (long long)a->q.batch);
+    }
+    memset(pb, 0, sizeof *pb);
+    pb->u = sp->ulysses;
+    pb->r = sp->ring;
+    pb->slot = rank / sp->ulysses;
+    pb->member = rank % sp->ulysses;
+    pb->batch = a->q.batch;
+    pb->heads = h;
+    pb->kv_heads = kv;
+    pb->lheads = h / u;
+    pb->lkv = kv % u == 0 ? kv / u : 1;
+    pb->d = cfg->head_dim;
+    pb->dv = cfg->head_dim_v;
+    pb->seqlen = a->seqlen;
+    pb->text = text;
+    pb->img0 = a->joint == FMHA_SP_JOINT_FRONT ? text : 0;
+    pb->text0 = a->joint == FMHA_SP_JOINT_REAR ? a->seqlen : 0;
+    pb->local = mine.total;
+    return FMHA_STATUS_OK;
 }

@@ -4,6 +4,7 @@
 #define FMHA_VALIDATE_H
 
 #include "backend.h"
+#include "sp/tokens.h"
 
 /* Checks one tensor view's own consistency: data, dtype, dims, strides and
  * the extent it spans; `name` labels the messages. */
@@ -33,5 +34,20 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
 fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
                                    fmha_fp8_scaling scaling, int64_t block_rows,
                                    fmha_fp8_groups *g);
+
+/* Checks the arguments of fmha_merge_partials and fills `mp`, whose LSE
+ * views live in `views`. */
+fmha_status fmha_validate_merge(int num_parts, const fmha_tensor *parts, const float *const *lses,
+                                const fmha_tensor *out, float *lse, fmha_merge_problem *mp,
+                                fmha_lse_view views[FMHA_MERGE_MAX_PARTS]);
+
+/* Checks a sequence-parallel configuration (ulysses x ring = `ranks`). */
+fmha_status fmha_validate_sp_config(const fmha_sp_config *sp, int ranks);
+
+/* Checks a sequence-parallel call on rank `rank` of `ranks` whose
+ * communicator moves memory of `device`, and fills `pb`. */
+fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, int rank, int ranks,
+                             fmha_device device, const char *comm_name, const fmha_sp_args *a,
+                             fmha_sp_problem *pb);
 
 #endif /* FMHA_VALIDATE_H */

@@ -241,5 +241,14 @@ EOF
 fi
 expect 0 "GFLOP/s" -- "$FMHA" bench --model lumina2 --seqlen 96 --dtype bf16 --causal --iters 2
 
+# ---- sequence parallelism: communicators in info, the cost model
+expect 0 "sequence parallelism: mpi" -- "$FMHA" info
+expect 0 "best: ulysses 1 x ring 8, .* 96.0% efficiency" -- "$FMHA" sp-plan --model wan2.1-14b-720p
+expect 0 "16 .*8 x 2 .*heads do not split" -- "$FMHA" sp-plan --model wan2.1-14b-720p --devices 8,16
+expect 0 "heads 24 / kv heads 24 do not split over ulysses 16" -- "$FMHA" sp-plan --model hunyuanvideo-720p --devices 32
+expect 2 "expected an integer in \\[1, 65536\\]" -- "$FMHA" sp-plan --heads 0 --seqlen 10
+expect 2 "give --model PRESET or --heads and --seqlen" -- "$FMHA" sp-plan
+expect 2 "fractions of the link" -- "$FMHA" sp-plan --model flux-1024 --a2a-eff 1.5
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

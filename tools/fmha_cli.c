@@ -10,6 +10,7 @@
 #include "hfconfig.h"
 #include "peak.h"
 #include "presets.h"
+#include "sp_plan.h"
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -52,7 +53,10 @@ static const char usage_text[] =
     "      kind of scales and with K's mean subtracted (fp8_smooth_k)  (no shape: [1, 2048, 8, "
     "128])\n"
     "  check CONFIG.json   attention shape of a Hugging Face / diffusers config\n"
-    "  info                version, backends, CPU features, GPUs\n"
+    "  info                version, backends, CPU features, GPUs, communicators\n"
+    "  sp-plan [--model PRESET | shape] [--devices N[,N...]] [links, kernel speed]\n"
+    "      predicted time of sequence-parallel attention for each split ulysses x ring, and\n"
+    "      the best (fmha sp-plan --help)\n"
     "\n"
     "presets:";
 
@@ -1120,6 +1124,9 @@ static int cmd_info(void)
         else
             printf("  %-4s inputs: %s\n", fmha_dtype_name(dts[i]), fmha_last_error());
     }
+    printf("sequence parallelism: mpi %s, nccl %s\n",
+           fmha_comm_built(FMHA_COMM_MPI) ? "built" : "not built",
+           fmha_comm_built(FMHA_COMM_NCCL) ? "built" : "not built");
     if (!cuda_built)
         printf("gpus: not looked for (this build has no CUDA backend)\n");
     else if (ngpu == 0)
@@ -1147,6 +1154,8 @@ int main(int argc, char **argv)
         return cmd_accuracy(argc - 1, argv + 1);
     if (!strcmp(cmd, "info"))
         return cmd_info();
+    if (!strcmp(cmd, "sp-plan"))
+        return sp_plan_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("fmha %s\n", FMHA_VERSION_STRING);
         return 0;

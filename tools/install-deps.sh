@@ -3,7 +3,9 @@
 # compilers, CMake, cJSON, OpenMP runtime; the C++ compiler and pkg-config
 # serve the install test) from Debian's packages, only when something is
 # missing. `install-deps.sh tsan` adds clang with LLVM's libomp and its Archer
-# tool (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test).
+# tool (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test);
+# `install-deps.sh mpi` adds Open MPI (the MPI communicator of sequence
+# parallelism and its tests under mpirun; CMake finds it when present).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"
@@ -18,8 +20,13 @@ for extra in "$@"; do
         ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need="$need libomp-dev"
         ;;
     valgrind) command -v valgrind >/dev/null 2>&1 || need="$need valgrind" ;;
+    mpi)
+        command -v mpirun >/dev/null 2>&1 || need="$need openmpi-bin"
+        [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -f /usr/include/mpi.h ] ||
+            need="$need libopenmpi-dev"
+        ;;
     *)
-        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind)" >&2
+        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind, mpi)" >&2
         exit 2
         ;;
     esac

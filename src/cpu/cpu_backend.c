@@ -3,6 +3,7 @@
  * fp8_smooth_k steps, all on host memory. */
 #include "../alloc.h"
 #include "cpu.h"
+#include "cpu_merge.h"
 #include "../backend.h"
 #include "../fp8.h"
 
@@ -149,4 +150,7 @@ const fmha_backend fmha_cpu_backend = {
     .smooth_k = cpu_smooth_k,
     .unsmooth_lse = cpu_unsmooth_lse,
     .kv_append = fmha_cpu_kv_append,
+    .merge = fmha_cpu_merge,
+    .copy = fmha_cpu_copy,
+    .fill_f32 = fmha_cpu_fill_f32,
 };

@@ -200,10 +200,11 @@ static void dropout(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj
     const float keep_scale = (float)pb->drop_rescale;
     for (int i = ia; i < ib; i++) {
         for (int j = 0; j < nj; j++) {
-            const int64_t col = j0 + j;
+            const int64_t col = pb->pos_col0 + j0 + j;
             fmha_u32x4 w =
                 fmha_dropout_words(pb->args->seed, pb->args->offset,
-                                   tk->b * pb->heads + s->row_head[i], s->row_pos[i], col);
+                                   tk->b * pb->pos_heads + pb->pos_head0 + s->row_head[i],
+                                   pb->pos_row0 + s->row_pos[i], col);
             float *p = &s->st[j * BR + i];
             *p = w.v[col & 3] >= pb->drop_threshold ? *p * keep_scale : 0.0f;
         }

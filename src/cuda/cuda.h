@@ -38,6 +38,13 @@ fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_tensor *y, f
  * atomics); `partial` is device scratch of fmha_cuda_smooth_k_scratch(k)
  * bytes. */
 size_t fmha_cuda_smooth_k_scratch(const fmha_tensor *k);
+
+/* Between attention calls (cuda_merge.cu), queued on `stream`: the merge of
+ * partial outputs (fmha_backend.merge; checks the device and that out, the
+ * parts and their LSEs are device memory), view copies, LSE fills. */
+fmha_status fmha_cuda_merge(const fmha_merge_problem *mp, void *stream);
+fmha_status fmha_cuda_copy(const fmha_tensor *dst, const fmha_tensor *src, void *stream);
+fmha_status fmha_cuda_fill_f32(float *p, int64_t n, float value, void *stream);
 fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *partial,
                                void *stream);
 

@@ -194,4 +194,7 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_smooth_k,
     cuda_unsmooth,
     NULL, /* kv_append: the CUDA kernels read no KV cache yet */
+    fmha_cuda_merge,
+    fmha_cuda_copy,
+    fmha_cuda_fill_f32,
 };

@@ -38,6 +38,8 @@ struct flash_params {
     uint32_t drop_threshold;
     float drop_scale;
     uint64_t seed, offset;
+    /* The call's place in a larger problem, for the dropout stream (fmha_problem) */
+    int64_t pos_row0, pos_col0, pos_head0, pos_heads;
     int out_dtype;
     int aligned; /* rows start 16-byte aligned and d, dv are multiples of 8 */
     /* f8_e4m3 inputs: descales in device memory (NULL = 1), one per tensor or
@@ -54,6 +56,24 @@ template <> struct elem<true> {
 template <> struct elem<false> {
     typedef __half T;
 };
+
+/* The dropout words of keys col and col + 1 (col even) of query row `row`
+ * of head h of sequence b, at the call's place in the whole problem: word e
+ * keeps key col + e iff it is >= drop_threshold. One Philox draw serves both
+ * unless an odd pos_col0 puts the pair across two draws. */
+__device__ __forceinline__ void dropout_pair_words(const flash_params &p, int64_t b, int64_t h,
+                                                   int64_t row, int64_t col, uint32_t wd[2])
+{
+    const int64_t seq_head = b * p.pos_heads + p.pos_head0 + h, r = row + p.pos_row0;
+    const int64_t g = col + p.pos_col0;
+    const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, seq_head, r, g);
+    const int e = (int)(g & 3);
+    wd[0] = e == 0 ? w.v[0] : e == 1 ? w.v[1] : e == 2 ? w.v[2] : w.v[3];
+    wd[1] = e == 0   ? w.v[1]
+            : e == 1 ? w.v[2]
+            : e == 2 ? w.v[3]
+                     : fmha_dropout_words(p.seed, p.offset, seq_head, r, g + 1).v[0];
+}
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b)
 {
@@ -331,6 +351,10 @@ inline void fill_flash_params(const fmha_problem *pb, flash_params *p)
     p->drop_scale = (float)pb->drop_rescale;
     p->seed = a->seed;
     p->offset = a->offset;
+    p->pos_row0 = pb->pos_row0;
+    p->pos_col0 = pb->pos_col0;
+    p->pos_head0 = pb->pos_head0;
+    p->pos_heads = pb->pos_heads;
     p->out_dtype = a->out.dtype;
     p->aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
     p->descale_q = a->descale_q;

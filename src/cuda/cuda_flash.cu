@@ -260,7 +260,6 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
             }
 
         if (DROPOUT) { /* after the sum: the normaliser counts dropped terms */
-            const int64_t seq_head = (int64_t)b * p.heads + h;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -268,16 +267,13 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
 #pragma unroll
                     for (int rh = 0; rh < 2; rh++) {
                         const int64_t row = m0 + (warp * MT + mt) * 16 + lane / 4 + rh * 8;
-                        const int64_t col =
-                            n0 + i * 8 + (lane % 4) * 2; /* even: one draw, two keys */
-                        const fmha_u32x4 w =
-                            fmha_dropout_words(p.seed, p.offset, seq_head, row, col);
+                        const int64_t col = n0 + i * 8 + (lane % 4) * 2; /* even: two keys */
+                        uint32_t w[2];
+                        dropout_pair_words(p, b, h, row, col, w);
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             float &x = s[mt][i][2 * rh + e];
-                            x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold
-                                    ? x * p.drop_scale
-                                    : 0.0f;
+                            x = w[e] >= p.drop_threshold ? x * p.drop_scale : 0.0f;
                         }
                     }
         }

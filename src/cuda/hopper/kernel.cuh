@@ -183,7 +183,6 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             const int64_t m0 = bs.m0, sq = bs.sq, sk = bs.sk, kv_begin = bs.kv_begin,
                           kv_end = bs.kv_end;
             const int rows = bs.rows, ntiles = bs.ntiles;
-            const int64_t seq_head = (int64_t)bs.b * p.heads + bs.h;
             auto tile_n0 = [&](int t) { return kv_begin + (int64_t)t * BN; };
             auto tile_full = [&](int t) { return block_span_full(bs, tile_n0(t), BN); };
             auto tile_valid = [&](int t) { return (int)min64(BN, kv_end - tile_n0(t)); };
@@ -261,7 +260,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 alpha_p[0] = alpha[0];
                 alpha_p[1] = alpha[1];
                 if (DROPOUT)
-                    C::dropout(sc, p, seq_head, m0 + row0, tile_n0(0), lane);
+                    C::dropout(sc, p, bs.b, bs.h, m0 + row0, tile_n0(0), lane);
                 C::pack(sc, pa);
             }
             /* Tile t: S_t = Q K_t^T and O += P_{t-1} V_{t-1} in flight together; the
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 if (!TWO_LEVEL && grow)
                     C::rescale(o, alpha);
                 if (DROPOUT)
-                    C::dropout(sc, p, seq_head, m0 + row0, tile_n0(t), lane);
+                    C::dropout(sc, p, bs.b, bs.h, m0 + row0, tile_n0(t), lane);
                 C::pack(sc, pa);
             }
             if (ntiles > 0) { /* the last tile's O += P V */

@@ -173,21 +173,20 @@ template <int D, int IN> struct consumer {
     }
 
     /* After the sum: the normaliser counts dropped terms. */
-    static __device__ __forceinline__ void
-    dropout(float *sc, const flash_params &p, int64_t seq_head, int64_t row, int64_t n0, int lane)
+    static __device__ __forceinline__ void dropout(float *sc, const flash_params &p, int64_t b,
+                                                   int64_t h, int64_t row, int64_t n0, int lane)
     {
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
             for (int rh = 0; rh < 2; rh++) {
-                const int64_t col = n0 + j * 8 + (lane % 4) * 2; /* even: one draw, two keys */
-                const fmha_u32x4 w =
-                    fmha_dropout_words(p.seed, p.offset, seq_head, row + 8 * rh, col);
+                const int64_t col = n0 + j * 8 + (lane % 4) * 2; /* even: two keys */
+                uint32_t w[2];
+                dropout_pair_words(p, b, h, row + 8 * rh, col, w);
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float &x = sc[4 * j + 2 * rh + e];
-                    x = (col & 2 ? w.v[2 + e] : w.v[e]) >= p.drop_threshold ? x * p.drop_scale
-                                                                            : 0.0f;
+                    x = w[e] >= p.drop_threshold ? x * p.drop_scale : 0.0f;
                 }
             }
     }

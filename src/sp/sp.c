@@ -1,0 +1,618 @@
+/* sp.c — sequence-parallel attention (fmha_sp_forward): Ulysses'
+ * all-to-all, the ring's rotation with its partial results merged by their
+ * LSEs, both at once, and joint tokens, on any fmha_comm (transport.h) and
+ * the communicator's device through the backend's operations (backend.h).
+ * The attention of every piece is fmha's own forward (layer.h's pieces). */
+#include "transport.h"
+#include "../alloc.h"
+#include "../backends.h"
+#include "../layer.h"
+#include "../validate.h"
+
+/* Buffers this call allocates; freed together. */
+enum { MAX_BUFS = 32 };
+
+typedef struct sp_run {
+    const fmha_config *cfg;
+    const fmha_sp_args *a;
+    fmha_comm *comm;
+    const fmha_backend *be;
+    fmha_sp_problem pb;
+    fmha_sp_config sp;
+    fmha_layer *layer; /* H / u query heads, the pieces' masks replace its own */
+    void *stream;
+    int64_t head0; /* this rank's first query head */
+    void *bufs[MAX_BUFS];
+    int nbufs;
+    void *pending; /* the ring's transfer in flight, polled between pieces */
+    /* The running result of this rank's query rows and of the text's rows. */
+    fmha_tensor acc, tacc; /* f32, token-major */
+    fmha_lse_view acc_lse, tacc_lse;
+    fmha_tensor tmp; /* one piece's output, f32, token-major, rows of the longest */
+    float *tmp_lse;
+} sp_run;
+
+static fmha_status take(sp_run *r, void **p, size_t bytes)
+{
+    if (r->nbufs == MAX_BUFS)
+        return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "sequence parallelism: too many buffers");
+    fmha_status st = r->be->alloc(p, bytes ? bytes : 1);
+    if (st == FMHA_STATUS_OK)
+        r->bufs[r->nbufs++] = *p;
+    return st;
+}
+
+/* A token-major tensor [n tokens][batch][heads][d] seen as [batch, n, heads,
+ * d]: a run of tokens is one contiguous block, as the transfers want. */
+static fmha_tensor token_major(void *data, fmha_dtype dt, int64_t batch, int64_t n, int64_t heads,
+                               int64_t d)
+{
+    fmha_tensor t = {data, dt, batch, n, heads, d, heads * d, batch * heads * d, d, 1};
+    return t;
+}
+
+static size_t elem_bytes(const fmha_tensor *t)
+{
+    return fmha_dtype_size(t->dtype);
+}
+
+static fmha_tensor rows_of(fmha_tensor t, int64_t r0, int64_t n)
+{
+    if (n > 0)
+        t.data = (char *)t.data + r0 * t.stride_seq * (int64_t)elem_bytes(&t);
+    t.seqlen = n;
+    return t;
+}
+
+static fmha_tensor heads_of(fmha_tensor t, int64_t h0, int64_t n)
+{
+    t.data = (char *)t.data + h0 * t.stride_head * (int64_t)elem_bytes(&t);
+    t.heads = n;
+    return t;
+}
+
+/* Bytes of a token-major block of n tokens. */
+static size_t block_bytes(const fmha_tensor *t, int64_t n)
+{
+    return (size_t)(n * t->stride_seq) * elem_bytes(t);
+}
+
+/* LSE [batch][heads][rows] seen as a tensor [batch, heads, rows, 1] of f32,
+ * tokens r0 .. r0 + n, so that copies move it like any view. */
+static fmha_tensor lse_tensor(float *data, int64_t batch, int64_t heads, int64_t stride_batch,
+                              int64_t stride_head, int64_t r0, int64_t n)
+{
+    fmha_tensor t = {data + r0, FMHA_DTYPE_F32, batch,       heads, n,
+                     1,         stride_batch,   stride_head, 1,     1};
+    return t;
+}
+
+static void poll(sp_run *r)
+{
+    if (r->pending && r->comm->ops->progress)
+        r->comm->ops->progress(r->comm, r->pending);
+}
+
+/* Attention of query rows at sequence positions [qpos, qpos + nq) (q, with
+ * their running result at acc / acc_lse) to the keys at [kpos, kpos + nk)
+ * (k, v), merged into the running result. The mask is the call's, at these
+ * positions: rows and keys that see nothing of each other are trimmed, and
+ * what is left runs as one piece whose bottom-right-aligned window is the
+ * whole problem's band moved to the piece (the band offset e - b). */
+static fmha_status attend(sp_run *r, const fmha_tensor *q, int64_t qpos, const fmha_tensor *acc,
+                          fmha_lse_view acc_lse, const fmha_tensor *k, const fmha_tensor *v,
+                          int64_t kpos)
+{
+    const int64_t wl = r->cfg->window_left, wr = r->cfg->causal ? 0 : r->cfg->window_right;
+    int64_t a = qpos, b = qpos + q->seqlen, c = kpos, e = kpos + k->seqlen;
+    if (wr >= 0) { /* row i sees keys up to i + wr */
+        if (e > b - 1 + wr + 1)
+            e = b + wr;
+        if (a < c - wr)
+            a = c - wr;
+    }
+    if (wl >= 0) { /* row i sees keys from i - wl */
+        if (b > e + wl)
+            b = e + wl;
+        if (c < a - wl)
+            c = a - wl;
+    }
+    if (e <= c || b <= a)
+        return FMHA_STATUS_OK;
+    poll(r);
+    const int64_t rows = b - a;
+    fmha_forward_args f;
+    memset(&f, 0, sizeof f);
+    f.q = rows_of(*q, a - qpos, rows);
+    f.k = rows_of(*k, c - kpos, e - c);
+    f.v = rows_of(*v, c - kpos, e - c);
+    const int64_t bh = r->pb.batch * r->pb.lheads;
+    f.out = rows_of(r->tmp, 0, rows);
+    f.lse = r->tmp_lse;
+    f.seed = r->a->seed;
+    f.offset = r->a->offset;
+    f.stream = r->stream;
+    fmha_piece piece = {
+        0, wl < 0 ? -1 : wl + (e - b), wr < 0 ? -1 : wr - (e - b), a, c, r->head0, r->pb.heads};
+    fmha_status st = fmha_layer_forward_piece(r->layer, &f, &piece);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    poll(r);
+    const fmha_tensor parts[2] = {rows_of(*acc, a - qpos, rows), f.out};
+    const fmha_lse_view lses[2] = {
+        {acc_lse.data + (a - qpos), acc_lse.stride_batch, acc_lse.stride_head},
+        {r->tmp_lse, bh / r->pb.batch * rows, rows}};
+    const fmha_merge_problem mp = {2, parts, lses, parts[0], lses[0]};
+    return r->be->merge(&mp, r->stream);
+}
+
+/* The runs of a slot's tokens as (local row, sequence position, count). */
+typedef struct run_list {
+    int n;
+    int64_t row[2], pos[2], len[2];
+} run_list;
+
+static run_list runs_of(const sp_run *r, int slot)
+{
+    const fmha_sp_tokmap t = fmha_sp_slot_tokens(r->pb.seqlen, r->pb.r, r->sp.layout, slot);
+    run_list l = {t.n, {0, 0}, {0, 0}, {0, 0}};
+    int64_t at = 0;
+    for (int i = 0; i < t.n; i++) {
+        l.row[i] = at;
+        l.pos[i] = r->pb.img0 + t.start[i];
+        l.len[i] = t.len[i];
+        at += t.len[i];
+    }
+    return l;
+}
+
+/* The query rows of `qs` (tensor q, running result acc) against the keys
+ * of `ks` (k, v). */
+static fmha_status attend_runs(sp_run *r, const fmha_tensor *q, const run_list *qs,
+                               const fmha_tensor *acc, fmha_lse_view acc_lse, const fmha_tensor *k,
+                               const fmha_tensor *v, const run_list *ks)
+{
+    for (int i = 0; i < qs->n; i++)
+        for (int j = 0; j < ks->n; j++) {
+            const fmha_tensor qi = rows_of(*q, qs->row[i], qs->len[i]);
+            const fmha_tensor ki = rows_of(*k, ks->row[j], ks->len[j]);
+            const fmha_tensor vi = rows_of(*v, ks->row[j], ks->len[j]);
+            const fmha_tensor ai = rows_of(*acc, qs->row[i], qs->len[i]);
+            const fmha_lse_view li = {acc_lse.data + qs->row[i], acc_lse.stride_batch,
+                                      acc_lse.stride_head};
+            fmha_status st = attend(r, &qi, qs->pos[i], &ai, li, &ki, &vi, ks->pos[j]);
+            if (st != FMHA_STATUS_OK)
+                return st;
+        }
+    return FMHA_STATUS_OK;
+}
+
+/* Starts transfers, counting the bytes sent (fmha_comm_bytes_sent). */
+static fmha_status start(sp_run *r, const fmha_comm_xfer *x, int n, void **pending)
+{
+    for (int i = 0; i < n; i++)
+        if (x[i].send)
+            r->comm->bytes_sent += (int64_t)x[i].bytes;
+    return r->comm->ops->start(r->comm, x, n, pending);
+}
+
+static fmha_status exchange(sp_run *r, const fmha_comm_xfer *x, int n)
+{
+    void *p;
+    fmha_status st = start(r, x, n, &p);
+    return st != FMHA_STATUS_OK ? st : r->comm->ops->wait(r->comm, p);
+}
+
+static int rank_of(const sp_run *r, int slot, int member)
+{
+    return slot * r->pb.u + member;
+}
+
+/* Ulysses, forward: this rank's tokens of every head to the members of its
+ * slot, heads H / u of the slot's tokens back, q, k and v in one exchange.
+ * Q, K, V are token-major [L][B][heads][d] buffers of the slot. */
+static fmha_status ulysses_in(sp_run *r, const fmha_tensor *Q, const fmha_tensor *K,
+                              const fmha_tensor *V)
+{
+    const fmha_sp_problem *pb = &r->pb;
+    const fmha_sp_args *a = r->a;
+    const int u = pb->u;
+    const int64_t L = Q->seqlen, n = pb->local;
+    const int64_t my0 = fmha_sp_member_offset(L, u, pb->member);
+    /* Send blocks: member j's heads of this rank's n tokens, token-major. */
+    const size_t qb = (size_t)(n * pb->batch * pb->lheads * pb->d) * fmha_dtype_size(Q->dtype);
+    const size_t kb = (size_t)(n * pb->batch * pb->lkv * pb->d) * fmha_dtype_size(K->dtype);
+    const size_t vb = (size_t)(n * pb->batch * pb->lkv * pb->dv) * fmha_dtype_size(V->dtype);
+    char *send;
+    fmha_status st = take(r, (void **)&send, (qb + kb + vb) * (size_t)u);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    fmha_comm_xfer *x = fmha_malloc(sizeof *x * 6 * (size_t)u);
+    if (!x)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory for %d transfers", 6 * u);
+    int nx = 0;
+    for (int j = 0; j < u && st == FMHA_STATUS_OK; j++) {
+        const int64_t kv0 = fmha_sp_kv_head0(pb, j), off = fmha_sp_member_offset(L, u, j);
+        const int64_t len = fmha_sp_member_offset(L, u, j + 1) - off;
+        const fmha_tensor src[3] = {heads_of(a->q, j * pb->lheads, pb->lheads),
+                                    heads_of(a->k, kv0, pb->lkv), heads_of(a->v, kv0, pb->lkv)};
+        const fmha_tensor *whole[3] = {Q, K, V};
+        char *blk = send + (qb + kb + vb) * (size_t)j;
+        const size_t sizes[3] = {qb, kb, vb};
+        for (int t = 0; t < 3 && st == FMHA_STATUS_OK; t++) {
+            if (j == pb->member) { /* this rank's own heads: straight into place */
+                const fmha_tensor dst = rows_of(*whole[t], my0, n);
+                st = r->be->copy(&dst, &src[t], r->stream);
+                continue;
+            }
+            const fmha_tensor dst =
+                token_major(blk, whole[t]->dtype, pb->batch, n, src[t].heads, src[t].head_dim);
+            st = r->be->copy(&dst, &src[t], r->stream);
+            blk += sizes[t];
+            x[nx++] = (fmha_comm_xfer){rank_of(r, pb->slot, j), 1, dst.data, sizes[t]};
+            x[nx++] =
+                (fmha_comm_xfer){rank_of(r, pb->slot, j), 0, rows_of(*whole[t], off, len).data,
+                                 block_bytes(whole[t], len)};
+        }
+    }
+    if (st == FMHA_STATUS_OK)
+        st = exchange(r, x, nx);
+    fmha_free(x);
+    return st;
+}
+
+/* Ulysses, backward: the slot's rows of H / u heads (acc) to their owners,
+ * this rank's rows of every head into out (and lse), in one exchange. */
+static fmha_status ulysses_out(sp_run *r)
+{
+    const fmha_sp_problem *pb = &r->pb;
+    const fmha_sp_args *a = r->a;
+    const int u = pb->u;
+    const int64_t L = r->acc.seqlen, n = pb->local, bh = pb->batch * pb->lheads;
+    const fmha_dtype odt = a->out.dtype;
+    char *obuf, *recv;
+    float *lsend = NULL, *lrecv = NULL;
+    const size_t ob = (size_t)(n * pb->batch * pb->lheads * pb->dv) * fmha_dtype_size(odt);
+    fmha_status st = take(r, (void **)&obuf, block_bytes(&r->acc, L) / 4 * fmha_dtype_size(odt));
+    if (st == FMHA_STATUS_OK)
+        st = take(r, (void **)&recv, ob * (size_t)u);
+    if (st == FMHA_STATUS_OK && a->lse) {
+        st = take(r, (void **)&lsend, sizeof(float) * (size_t)(bh * L));
+        if (st == FMHA_STATUS_OK)
+            st = take(r, (void **)&lrecv, sizeof(float) * (size_t)(bh * n) * (size_t)u);
+    }
+    if (st != FMHA_STATUS_OK)
+        return st;
+    const fmha_tensor ot = token_major(obuf, odt, pb->batch, L, pb->lheads, pb->dv);
+    if ((st = r->be->copy(&ot, &r->acc, r->stream)) != FMHA_STATUS_OK)
+        return st;
+    fmha_comm_xfer *x = fmha_malloc(sizeof *x * 4 * (size_t)u);
+    if (!x)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory for %d transfers", 4 * u);
+    int nx = 0;
+    for (int j = 0; j < u && st == FMHA_STATUS_OK; j++) {
+        const int64_t off = fmha_sp_member_offset(L, u, j);
+        const int64_t len = fmha_sp_member_offset(L, u, j + 1) - off;
+        const int peer = rank_of(r, pb->slot, j);
+        if (j != pb->member) {
+            x[nx++] = (fmha_comm_xfer){peer, 1, rows_of(ot, off, len).data, block_bytes(&ot, len)};
+            x[nx++] = (fmha_comm_xfer){peer, 0, recv + ob * (size_t)j, ob};
+        }
+        if (a->lse) { /* [B][H/u][len] blocks, packed */
+            float *blk = lsend + bh * off;
+            const fmha_tensor src =
+                lse_tensor(r->acc_lse.data, pb->batch, pb->lheads, r->acc_lse.stride_batch,
+                           r->acc_lse.stride_head, off, len);
+            const fmha_tensor dst =
+                lse_tensor(blk, pb->batch, pb->lheads, pb->lheads * len, len, 0, len);
+            st = r->be->copy(&dst, &src, r->stream);
+            if (j != pb->member) {
+                x[nx++] = (fmha_comm_xfer){peer, 1, blk, sizeof(float) * (size_t)(bh * len)};
+                x[nx++] =
+                    (fmha_comm_xfer){peer, 0, lrecv + bh * n * j, sizeof(float) * (size_t)(bh * n)};
+            }
+        }
+    }
+    if (st == FMHA_STATUS_OK)
+        st = exchange(r, x, nx);
+    fmha_free(x);
+    const int64_t my0 = fmha_sp_member_offset(L, u, pb->member);
+    for (int j = 0; j < u && st == FMHA_STATUS_OK; j++) {
+        const fmha_tensor src = j == pb->member ? rows_of(ot, my0, n)
+                                                : token_major(recv + ob * (size_t)j, odt, pb->batch,
+                                                              n, pb->lheads, pb->dv);
+        const fmha_tensor dst = heads_of(a->out, j * pb->lheads, pb->lheads);
+        st = r->be->copy(&dst, &src, r->stream);
+        if (st == FMHA_STATUS_OK && a->lse) {
+            const fmha_tensor ls =
+                j == pb->member
+                    ? lse_tensor(lsend + bh * my0, pb->batch, pb->lheads, pb->lheads * n, n, 0, n)
+                    : lse_tensor(lrecv + bh * n * j, pb->batch, pb->lheads, pb->lheads * n, n, 0,
+                                 n);
+            const fmha_tensor ld = lse_tensor(a->lse + j * pb->lheads * n, pb->batch, pb->lheads,
+                                              pb->heads * n, n, 0, n);
+            st = r->be->copy(&ld, &ls, r->stream);
+        }
+    }
+    return st;
+}
+
+/* Joint tokens: every rank's partial result for the text rows of its heads
+ * (its slot's keys; slot 0 also the text's own) to every rank, and there
+ * merged slot by slot into out_joint. */
+static fmha_status joint_out(sp_run *r)
+{
+    const fmha_sp_problem *pb = &r->pb;
+    const fmha_sp_args *a = r->a;
+    const int ranks = pb->u * pb->r, me = rank_of(r, pb->slot, pb->member);
+    const int64_t T = pb->text, bh = pb->batch * pb->lheads;
+    const size_t ob = block_bytes(&r->tacc, T), lb = sizeof(float) * (size_t)(bh * T);
+    char *all;
+    fmha_status st = take(r, (void **)&all, (ob + lb) * (size_t)ranks);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    fmha_comm_xfer *x = fmha_malloc(sizeof *x * 4 * (size_t)ranks);
+    if (!x)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory for %d transfers",
+                              4 * ranks);
+    int nx = 0;
+    for (int p = 0; p < ranks; p++) {
+        if (p == me)
+            continue;
+        char *slot = all + (ob + lb) * (size_t)p;
+        x[nx++] = (fmha_comm_xfer){p, 1, r->tacc.data, ob};
+        x[nx++] = (fmha_comm_xfer){p, 1, r->tacc_lse.data, lb};
+        x[nx++] = (fmha_comm_xfer){p, 0, slot, ob};
+        x[nx++] = (fmha_comm_xfer){p, 0, slot + ob, lb};
+    }
+    st = exchange(r, x, nx);
+    fmha_free(x);
+    /* Member j's heads: the r slots' partials, merged FMHA_MERGE_MAX_PARTS - 1 at a
+     * time into the first, then written to out_joint in its dtype. */
+    for (int j = 0; j < pb->u && st == FMHA_STATUS_OK; j++) {
+        fmha_tensor parts[FMHA_MERGE_MAX_PARTS];
+        fmha_lse_view lses[FMHA_MERGE_MAX_PARTS];
+        int n = 0;
+        for (int s = 0; s < pb->r && st == FMHA_STATUS_OK; s++) {
+            const int p = rank_of(r, s, j);
+            char *slot = all + (ob + lb) * (size_t)p;
+            parts[n] = p == me
+                           ? r->tacc
+                           : token_major(slot, FMHA_DTYPE_F32, pb->batch, T, pb->lheads, pb->dv);
+            lses[n] =
+                p == me ? r->tacc_lse : (fmha_lse_view){(float *)(slot + ob), pb->lheads * T, T};
+            n++;
+            if (n == FMHA_MERGE_MAX_PARTS || s == pb->r - 1) {
+                const fmha_merge_problem mp = {n, parts, lses, parts[0], lses[0]};
+                st = r->be->merge(&mp, r->stream);
+                n = 1; /* the merge so far is part 0 of the next */
+            }
+        }
+        if (st != FMHA_STATUS_OK)
+            break;
+        const fmha_tensor dst = heads_of(a->out_joint, j * pb->lheads, pb->lheads);
+        st = r->be->copy(&dst, &parts[0], r->stream);
+        if (st == FMHA_STATUS_OK && a->lse_joint) {
+            const fmha_tensor ls =
+                lse_tensor(lses[0].data, pb->batch, pb->lheads, lses[0].stride_batch, T, 0, T);
+            const fmha_tensor ld = lse_tensor(a->lse_joint + j * pb->lheads * T, pb->batch,
+                                              pb->lheads, pb->heads * T, T, 0, T);
+            st = r->be->copy(&ld, &ls, r->stream);
+        }
+    }
+    return st;
+}
+
+static fmha_status sp_forward(sp_run *r)
+{
+    const fmha_sp_problem *pb = &r->pb;
+    const fmha_sp_args *a = r->a;
+    const int64_t B = pb->batch, Hl = pb->lheads, KVl = pb->lkv, T = pb->text;
+    const fmha_dtype dt = r->cfg->dtype;
+    fmha_status st;
+
+    /* This slot's tokens and the longest slot's. */
+    const run_list mine = runs_of(r, pb->slot);
+    int64_t L = 0, Lmax = 0;
+    for (int s = 0; s < pb->r; s++) {
+        const run_list l = runs_of(r, s);
+        const int64_t n = l.n ? l.row[l.n - 1] + l.len[l.n - 1] : 0;
+        if (s == pb->slot)
+            L = n;
+        if (n > Lmax)
+            Lmax = n;
+    }
+    const int64_t rows_max = L > T ? L : T;
+
+    /* The slot's queries and the two K/V buffers of the ring (the first
+     * holds this slot's keys). Without Ulysses or ring they are the
+     * caller's views. */
+    fmha_tensor Q = a->q, K[2] = {a->k, a->k}, V[2] = {a->v, a->v};
+    void *p;
+    if (pb->u > 1) {
+        if ((st = take(r, &p, (size_t)(L * B * Hl * pb->d) * fmha_dtype_size(dt))) !=
+            FMHA_STATUS_OK)
+            return st;
+        Q = token_major(p, dt, B, L, Hl, pb->d);
+    }
+    const int kv_buffers = pb->r > 1 ? 2 : pb->u > 1 ? 1 : 0;
+    for (int i = 0; i < kv_buffers; i++) {
+        if ((st = take(r, &p, (size_t)(Lmax * B * KVl * pb->d) * fmha_dtype_size(dt))) !=
+            FMHA_STATUS_OK)
+            return st;
+        K[i] = token_major(p, dt, B, L, KVl, pb->d);
+        if ((st = take(r, &p, (size_t)(Lmax * B * KVl * pb->dv) * fmha_dtype_size(dt))) !=
+            FMHA_STATUS_OK)
+            return st;
+        V[i] = token_major(p, dt, B, L, KVl, pb->dv);
+    }
+    /* Running results and one piece's output. */
+    if ((st = take(r, &p, sizeof(float) * (size_t)(L * B * Hl * pb->dv))) != FMHA_STATUS_OK)
+        return st;
+    r->acc = token_major(p, FMHA_DTYPE_F32, B, L, Hl, pb->dv);
+    if ((st = take(r, &p, sizeof(float) * (size_t)(B * Hl * L))) != FMHA_STATUS_OK)
+        return st;
+    r->acc_lse = (fmha_lse_view){p, Hl * L, L};
+    if ((st = take(r, &p, sizeof(float) * (size_t)(rows_max * B * Hl * pb->dv))) !=
+            FMHA_STATUS_OK ||
+        (st = take(r, (void **)&r->tmp_lse, sizeof(float) * (size_t)(B * Hl * rows_max))) !=
+            FMHA_STATUS_OK)
+        return st;
+    r->tmp = token_major(p, FMHA_DTYPE_F32, B, rows_max, Hl, pb->dv);
+    if ((st = r->be->fill_f32(r->acc_lse.data, B * Hl * L, -INFINITY, r->stream)) != FMHA_STATUS_OK)
+        return st;
+    fmha_tensor tq = {0}, tk = {0}, tv = {0};
+    run_list text = {0, {0, 0}, {0, 0}, {0, 0}};
+    if (T > 0) {
+        if ((st = take(r, &p, sizeof(float) * (size_t)(T * B * Hl * pb->dv))) != FMHA_STATUS_OK)
+            return st;
+        r->tacc = token_major(p, FMHA_DTYPE_F32, B, T, Hl, pb->dv);
+        if ((st = take(r, &p, sizeof(float) * (size_t)(B * Hl * T))) != FMHA_STATUS_OK)
+            return st;
+        r->tacc_lse = (fmha_lse_view){p, Hl * T, T};
+        if ((st = r->be->fill_f32(r->tacc_lse.data, B * Hl * T, -INFINITY, r->stream)) !=
+            FMHA_STATUS_OK)
+            return st;
+        const int64_t kv0 = fmha_sp_kv_head0(pb, pb->member);
+        tq = heads_of(a->q_joint, r->head0, Hl);
+        tk = heads_of(a->k_joint, kv0, KVl);
+        tv = heads_of(a->v_joint, kv0, KVl);
+        text = (run_list){1, {0, 0}, {pb->text0, 0}, {T, 0}};
+    }
+
+    /* Ulysses: the slot's tokens of this rank's heads. */
+    if (pb->u > 1) {
+        if ((st = ulysses_in(r, &Q, &K[0], &V[0])) != FMHA_STATUS_OK)
+            return st;
+    } else if (pb->r > 1) {
+        if ((st = r->be->copy(&K[0], &a->k, r->stream)) != FMHA_STATUS_OK ||
+            (st = r->be->copy(&V[0], &a->v, r->stream)) != FMHA_STATUS_OK)
+            return st;
+    }
+
+    /* Ring: at step t the keys of slot (slot - t) are here and those of the
+     * slot before travel into the other buffer meanwhile. */
+    const int next = rank_of(r, (pb->slot + 1) % pb->r, pb->member);
+    const int prev = rank_of(r, (pb->slot + pb->r - 1) % pb->r, pb->member);
+    for (int t = 0; t < pb->r && st == FMHA_STATUS_OK; t++) {
+        const int cur = t & 1, slot = (pb->slot - t + pb->r) % pb->r;
+        const run_list keys = runs_of(r, slot);
+        const int64_t klen = keys.n ? keys.row[keys.n - 1] + keys.len[keys.n - 1] : 0;
+        K[cur].seqlen = V[cur].seqlen = klen;
+        r->pending = NULL;
+        if (t < pb->r - 1) {
+            const run_list in = runs_of(r, (slot + pb->r - 1) % pb->r);
+            const int64_t ilen = in.n ? in.row[in.n - 1] + in.len[in.n - 1] : 0;
+            const fmha_comm_xfer x[4] = {
+                {next, 1, K[cur].data, block_bytes(&K[cur], klen)},
+                {next, 1, V[cur].data, block_bytes(&V[cur], klen)},
+                {prev, 0, K[1 - cur].data, block_bytes(&K[1 - cur], ilen)},
+                {prev, 0, V[1 - cur].data, block_bytes(&V[1 - cur], ilen)},
+            };
+            if ((st = start(r, x, 4, &r->pending)) != FMHA_STATUS_OK)
+                return st;
+        }
+        st = attend_runs(r, &Q, &mine, &r->acc, r->acc_lse, &K[cur], &V[cur], &keys);
+        if (st == FMHA_STATUS_OK && T > 0 && t == 0) {
+            /* Joint tokens: this slot's rows to the text's keys, the text's rows to
+             * this slot's keys, and (slot 0) the text's rows to its own keys. */
+            st = attend_runs(r, &Q, &mine, &r->acc, r->acc_lse, &tk, &tv, &text);
+            if (st == FMHA_STATUS_OK)
+                st = attend_runs(r, &tq, &text, &r->tacc, r->tacc_lse, &K[cur], &V[cur], &keys);
+            if (st == FMHA_STATUS_OK && pb->slot == 0)
+                st = attend_runs(r, &tq, &text, &r->tacc, r->tacc_lse, &tk, &tv, &text);
+        }
+        if (r->pending) {
+            fmha_status w = r->comm->ops->wait(r->comm, r->pending);
+            r->pending = NULL;
+            if (st == FMHA_STATUS_OK)
+                st = w;
+        }
+    }
+    if (st != FMHA_STATUS_OK)
+        return st;
+
+    /* Ulysses back, or the slot's rows straight out. */
+    if (pb->u > 1) {
+        st = ulysses_out(r);
+    } else {
+        st = r->be->copy(&a->out, &r->acc, r->stream);
+        if (st == FMHA_STATUS_OK && a->lse) {
+            const fmha_tensor ls = lse_tensor(r->acc_lse.data, B, Hl, Hl * L, L, 0, L);
+            const fmha_tensor ld = lse_tensor(a->lse, B, Hl, Hl * L, L, 0, L);
+            st = r->be->copy(&ld, &ls, r->stream);
+        }
+    }
+    if (st == FMHA_STATUS_OK && T > 0)
+        st = joint_out(r);
+    return st;
+}
+
+void fmha_sp_config_init(fmha_sp_config *sp, int ulysses, int ring)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->ulysses = ulysses;
+    sp->ring = ring;
+    sp->layout = FMHA_SP_LAYOUT_CONTIGUOUS;
+}
+
+fmha_status fmha_sp_tokens(const fmha_sp_config *sp, int64_t seqlen, int rank, int64_t start[2],
+                           int64_t len[2], int *nseg)
+{
+    fmha_clear_error();
+    fmha_status st = fmha_validate_sp_config(sp, sp ? sp->ulysses * sp->ring : 0);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (!start || !len || !nseg)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "start, len and nseg must not be NULL");
+    if (seqlen < 0 || seqlen > ((int64_t)1 << 40))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "seqlen (%lld) must be in [0, 2^40]",
+                              (long long)seqlen);
+    if (rank < 0 || rank >= sp->ulysses * sp->ring)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "rank (%d) must be in [0, %d): ulysses %d x ring %d ranks", rank,
+                              sp->ulysses * sp->ring, sp->ulysses, sp->ring);
+    const fmha_sp_tokmap t = fmha_sp_rank_tokens(sp, seqlen, rank);
+    *nseg = t.n;
+    for (int i = 0; i < 2; i++) {
+        start[i] = i < t.n ? t.start[i] : 0;
+        len[i] = i < t.n ? t.len[i] : 0;
+    }
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp, fmha_comm *comm,
+                            const fmha_sp_args *args)
+{
+    fmha_clear_error();
+    if (!comm)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "comm is NULL: make one with fmha_comm_init");
+    sp_run r;
+    memset(&r, 0, sizeof r);
+    fmha_status st = fmha_validate_sp(cfg, sp, comm->rank, comm->size, comm->device,
+                                      fmha_comm_kind_name(comm->kind), args, &r.pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    r.cfg = cfg;
+    r.a = args;
+    r.sp = *sp;
+    r.comm = comm;
+    r.stream = comm->stream;
+    r.be = fmha_backend_of(cfg->device);
+    r.head0 = r.pb.member * r.pb.lheads;
+    if (!r.be)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "this fmha has no %s backend",
+                              cfg->device == FMHA_DEVICE_CUDA ? "CUDA" : "CPU");
+    fmha_config local = *cfg;
+    local.num_heads = r.pb.lheads;
+    local.num_kv_heads = r.pb.lkv;
+    if ((st = fmha_layer_init(&r.layer, &local)) == FMHA_STATUS_OK && r.pb.batch > 0)
+        st = sp_forward(&r);
+    if (r.pending)
+        r.comm->ops->wait(r.comm, r.pending);
+    fmha_layer_free(r.layer);
+    for (int i = 0; i < r.nbufs; i++)
+        r.be->free(r.bufs[i]);
+    return st;
+}

@@ -3,7 +3,8 @@
 # compilers, CMake, cJSON, OpenMP runtime; the C++ compiler and pkg-config
 # serve the install test) from Debian's packages, only when something is
 # missing. `install-deps.sh tsan` adds clang with LLVM's libomp and its Archer
-# tool (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test).
+# tool (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test);
+# `install-deps.sh fuzz` adds clang with libFuzzer and LLVM's libomp (make fuzz).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"
@@ -18,8 +19,16 @@ for extra in "$@"; do
         ls /usr/lib/llvm-*/lib/libarcher.so >/dev/null 2>&1 || need="$need libomp-dev"
         ;;
     valgrind) command -v valgrind >/dev/null 2>&1 || need="$need valgrind" ;;
+    fuzz)
+        # clang, libFuzzer and the sanitizers' runtimes (libclang-rt, only
+        # recommended by clang), and the OpenMP runtime clang's -fopenmp links:
+        # one test link says whether they are all there.
+        printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' |
+            clang -x c - -fsanitize=fuzzer,address,undefined -fopenmp -o /dev/null >/dev/null 2>&1 ||
+            need="$need clang libclang-rt-dev libomp-dev"
+        ;;
     *)
-        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind)" >&2
+        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind, fuzz)" >&2
         exit 2
         ;;
     esac

@@ -6,9 +6,17 @@
  * independently: every tensor's offsets inside the data section, the tensors
  * tiling it without gap or overlap, nbytes = product(shape) x element size,
  * data equal to the file's bytes and aligned to the element size, names
- * unique, metadata as a NULL-ended key/value list. And what was read must
- * write back (st_write) and read again to the same tensors and metadata.
- * Any broken promise calls __builtin_trap(), which libFuzzer reports. */
+ * unique, metadata as a NULL-ended key/value list, and no string cut short
+ * (C strings cannot hold the U+0000 that JSON can spell \u0000). And what
+ * was read must write back (st_write) and read again to the same tensors and
+ * metadata. Any broken promise calls __builtin_trap(), which libFuzzer
+ * reports.
+ *
+ * An input that starts with '{' is the header's text instead, then a NUL
+ * byte and the data section, and the harness writes the 8-byte length in
+ * front: mutations of the header then keep its length right, which in a
+ * whole file they almost never do. (As a file such an input is refused
+ * anyway: "{..." read as a length is far over the limit.) */
 #define _POSIX_C_SOURCE 200809L
 
 #include "safetensors.h"
@@ -71,6 +79,19 @@ static int cmp_span(const void *a, const void *b)
                                 : (x->end < y->end ? -1 : x->end > y->end);
 }
 
+/* Whether JSON text spells U+0000 as an escape (\u0000) anywhere: an
+ * escaped backslash (\\) is skipped whole, so \\u0000 is not one. */
+static int has_escaped_nul(const char *text, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++)
+        if (text[i] == '\\') {
+            if (text[i + 1] == 'u' && len - i >= 6 && memcmp(text + i + 2, "0000", 4) == 0)
+                return 1;
+            i++;
+        }
+    return 0;
+}
+
 /* The promises of safetensors.h about an accepted file, against its bytes. */
 static void check_file(const st_file *f, const uint8_t *data, size_t size)
 {
@@ -78,6 +99,8 @@ static void check_file(const st_file *f, const uint8_t *data, size_t size)
     const uint64_t hlen = le64(data);
     REQUIRE(hlen <= ST_MAX_HEADER_BYTES && hlen <= size - 8);
     const uint8_t *section = data + 8 + hlen;
+    /* Every string comes back whole: none held a U+0000. */
+    REQUIRE(!has_escaped_nul((const char *)data + 8, (size_t)hlen));
     const int64_t section_bytes = (int64_t)(size - 8 - hlen);
 
     /* The header again, by cJSON directly: what each name's data_offsets say. */
@@ -164,8 +187,25 @@ static void check_write_back(const st_file *f)
     unlink(g_out);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+int LLVMFuzzerTestOneInput(const uint8_t *input, size_t input_size)
 {
+    const uint8_t *data = input;
+    size_t size = input_size;
+    uint8_t *file = NULL;
+    if (input_size > 0 && input[0] == '{') { /* header text, NUL, data: add the length */
+        const uint8_t *nul = memchr(input, 0, input_size);
+        const size_t hlen = nul ? (size_t)(nul - input) : input_size;
+        const size_t dlen = nul ? input_size - hlen - 1 : 0;
+        file = malloc(8 + hlen + dlen);
+        REQUIRE(file != NULL);
+        for (int i = 0; i < 8; i++)
+            file[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+        memcpy(file + 8, input, hlen);
+        if (dlen)
+            memcpy(file + 8 + hlen, nul + 1, dlen);
+        data = file;
+        size = 8 + hlen + dlen;
+    }
     st_file f;
     char err[512];
     memset(err, 0, sizeof err);
@@ -175,11 +215,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(st == ST_ERR_FORMAT || st == ST_ERR_NOMEM);
         REQUIRE(err[0] != '\0');
         REQUIRE(f.tensors == NULL && f.count == 0 && f.meta_kv == NULL && f.meta_count == 0);
+        free(file);
         return 0;
     }
     check_file(&f, data, size);
     check_write_back(&f);
     st_free(&f);
     REQUIRE(f.tensors == NULL && f.count == 0);
+    free(file);
     return 0;
 }

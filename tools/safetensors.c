@@ -678,6 +678,24 @@ static st_status read_source(const char *path, st_source *src, int64_t fsize, st
         st = ST_ERR_FORMAT;
         goto done;
     }
+    /* JSON may spell U+0000 as \u0000, which cJSON decodes into its C
+     * strings, where it ends them: "a\u0000b" would come back as the name
+     * "a", "F32\u0000x" as F32. Names, dtypes and metadata are C strings
+     * here, so such a header is refused. An escaped backslash is skipped
+     * whole, so \\u0000 (text) is not caught. */
+    for (size_t i = 0; i + 1 < (size_t)hlen; i++) {
+        if (hdr[i] != '\\')
+            continue;
+        if (hdr[i + 1] == 'u' && strncmp(hdr + i + 2, "0000", 4) == 0) {
+            set_err(err, errlen,
+                    "%s: header spells U+0000 (\\u0000) at byte %zu: names, dtypes and metadata "
+                    "are read as C strings, which cannot hold it",
+                    path, i);
+            st = ST_ERR_FORMAT;
+            goto done;
+        }
+        i++; /* the escaped character, a backslash included */
+    }
     const char *parse_end = NULL;
     root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &parse_end, 0);
     if (root == NULL) {

@@ -645,6 +645,12 @@ static void test_corrupt(void)
                8, "name \"a\" appears more than once");
     BAD_HEADER("duplicate metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", 0,
                "\"__metadata__\" appears");
+    /* A repeated metadata key was kept twice: st_meta_get saw the first
+     * value (the reference reader keeps the last) and st_write refused to
+     * write the file back (found by fuzz_safetensors). */
+    BAD_HEADER("duplicate metadata key",
+               "{\"__metadata__\":{\"fmha.seed\":\"1\",\"k\":\"x\",\"fmha.seed\":\"2\"}}", 0,
+               "metadata key \"fmha.seed\" appears more than once");
     BAD_HEADER("metadata not object", "{\"__metadata__\":[\"a\"]}", 0,
                "\"__metadata__\" is not an object");
     BAD_HEADER("metadata value not string", "{\"__metadata__\":{\"k\":1}}", 0,

@@ -371,6 +371,28 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
     return ST_OK;
 }
 
+/* cJSON keeps repeated keys of an object; the format forbids them. Sets
+ * *dup to the first repeated key in sorted order, or NULL. */
+static st_status first_repeated_key(const cJSON *obj, const char **dup)
+{
+    *dup = NULL;
+    const int n = cJSON_GetArraySize(obj);
+    if (n < 2)
+        return ST_OK;
+    const char **keys = malloc((size_t)n * sizeof *keys);
+    if (keys == NULL)
+        return ST_ERR_NOMEM;
+    int k = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj) keys[k++] = it->string;
+    qsort(keys, (size_t)n, sizeof *keys, cmp_str_ptr);
+    for (k = 1; k < n && *dup == NULL; k++)
+        if (strcmp(keys[k - 1], keys[k]) == 0)
+            *dup = keys[k];
+    free(keys);
+    return ST_OK;
+}
+
 /* The whole header: structure, names, metadata and tiling of the data
  * section. Fills ents (count entries) and returns the metadata object (or
  * NULL) through *meta. */
@@ -388,26 +410,14 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
     }
     int nkeys = cJSON_GetArraySize(root);
 
-    /* cJSON keeps repeated keys; the format forbids them. */
-    if (nkeys > 1) {
-        const char **keys = malloc((size_t)nkeys * sizeof *keys);
-        if (keys == NULL) {
+    const char *dup;
+    st_status st = first_repeated_key(root, &dup);
+    if (st != ST_OK || dup != NULL) {
+        if (st != ST_OK)
             set_err(err, errlen, "%s: out of memory", path);
-            return ST_ERR_NOMEM;
-        }
-        int k = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, root) keys[k++] = it->string;
-        qsort(keys, (size_t)nkeys, sizeof *keys, cmp_str_ptr);
-        for (k = 1; k < nkeys; k++) {
-            if (strcmp(keys[k - 1], keys[k]) == 0) {
-                set_err(err, errlen, "%s: name \"%s\" appears more than once in the header", path,
-                        keys[k]);
-                free(keys);
-                return ST_ERR_FORMAT;
-            }
-        }
-        free(keys);
+        else
+            set_err(err, errlen, "%s: name \"%s\" appears more than once in the header", path, dup);
+        return st != ST_OK ? st : ST_ERR_FORMAT;
     }
 
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, META_KEY);
@@ -425,6 +435,18 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
                 return ST_ERR_FORMAT;
             }
         }
+        /* A repeated key would have two values, of which st_meta_get sees
+         * the first (the reference reader keeps the last), and st_write
+         * would refuse to write what was read. */
+        if ((st = first_repeated_key(md, &dup)) != ST_OK) {
+            set_err(err, errlen, "%s: out of memory", path);
+            return st;
+        }
+        if (dup != NULL) {
+            set_err(err, errlen, "%s: metadata key \"%s\" appears more than once in the header",
+                    path, dup);
+            return ST_ERR_FORMAT;
+        }
         *meta = md;
     }
 
@@ -437,7 +459,7 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
         set_err(err, errlen, "%s: out of memory", path);
         return ST_ERR_NOMEM;
     }
-    st_status st = ST_OK;
+    st = ST_OK;
     int n = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, root)

@@ -5,10 +5,15 @@
  * an accepted one must hold what hfconfig.h and fmha_config want: heads and
  * KV heads positive with KV heads dividing heads, every size at most
  * 2^31 - 1, hidden_size 0 or head_dim x heads, and a NUL-terminated source.
- * Parsing the same text twice gives the same answer. Any broken promise calls
- * __builtin_trap(), which libFuzzer reports. */
+ * And it must be a config every JSON reader reads alike: no field that is
+ * read appears twice in its object (Python's json takes the last, cJSON the
+ * first), and no key spells U+0000 (\u0000, which cJSON's C strings cut
+ * off, so "num_heads\u0000x" would read as num_heads). Parsing the same text
+ * twice gives the same answer. Any broken promise calls __builtin_trap(),
+ * which libFuzzer reports. */
 #include "hfconfig.h"
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,6 +27,37 @@
     } while (0)
 
 #define MAX_SIZE 2147483647LL
+
+/* Every name hfconfig.h reads a field by. */
+static const char *const FIELDS[] = {
+    "num_attention_heads", "n_heads",    "num_heads",   "num_key_value_heads",
+    "num_kv_heads",        "n_kv_heads", "head_dim",    "attention_head_dim",
+    "hidden_size",         "dim",        "text_config", NULL};
+
+/* Whether a field name appears more than once among obj's keys. */
+static int repeats_a_field(const cJSON *obj)
+{
+    for (int f = 0; FIELDS[f] != NULL; f++) {
+        int n = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, obj) n += strcmp(it->string, FIELDS[f]) == 0;
+        if (n > 1)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether JSON text spells U+0000 (\u0000); an escaped backslash is skipped. */
+static int has_escaped_nul(const char *text, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++)
+        if (text[i] == '\\') {
+            if (text[i + 1] == 'u' && len - i >= 6 && memcmp(text + i + 2, "0000", 4) == 0)
+                return 1;
+            i++;
+        }
+    return 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -46,5 +82,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* Both below 2^31: the product fits int64. */
     REQUIRE(s.hidden_size == 0 || s.hidden_size == s.head_dim * s.num_heads);
     REQUIRE(memchr(s.source, '\0', sizeof s.source) != NULL && s.source[0] != '\0');
+    REQUIRE(!has_escaped_nul((const char *)data, size));
+    cJSON *root = cJSON_ParseWithLength((const char *)data, size);
+    REQUIRE(root != NULL);
+    REQUIRE(!repeats_a_field(root));
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    REQUIRE(!cJSON_IsObject(tc) || !repeats_a_field(tc));
+    cJSON_Delete(root);
     return 0;
 }

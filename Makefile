@@ -6,8 +6,9 @@ TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 # More CMake options for $(BUILD), e.g. make test CMAKE_ARGS=-DFMHA_BUILD_STATIC=ON
 CMAKE_ARGS ?=
+FUZZ_SECONDS ?= 60
 
-.PHONY: all test asan-test tsan-test valgrind-test deps clean
+.PHONY: all test asan-test tsan-test valgrind-test fuzz deps clean
 
 all: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
@@ -45,5 +46,11 @@ valgrind-test: all
 	@sh tools/install-deps.sh valgrind
 	sh tests/valgrind_cli.sh $(BUILD)/fmha .
 
+# The libFuzzer harnesses (tests/fuzz/), built with clang in build-fuzz/, each
+# run for FUZZ_SECONDS on a copy of its seed corpus; fails on any crash.
+fuzz:
+	@sh tools/install-deps.sh fuzz
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) sh tests/fuzz/run.sh
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) build-fuzz

@@ -196,6 +196,25 @@ int main(void)
         "num_attention_heads is 2500000000000000, too large");
     ERR("mismatched dim (alias names in message)", "{\"dim\":3840,\"n_heads\":30,\"head_dim\":64}",
         "head_dim (64) x n_heads (30) does not equal dim (3840)");
+    /* Configs JSON readers read differently (found by fuzz_hfconfig): a field
+     * twice (cJSON's lookup took the first; Python's json, and so
+     * transformers, takes the last) and a key spelling U+0000, which cJSON's
+     * C strings cut off ("n_heads\u0000x" read as n_heads). */
+    ERR("field twice",
+        "{\"num_attention_heads\":32,\"hidden_size\":4096,\"num_attention_heads\":8}",
+        "num_attention_heads appears 2 times");
+    ERR("alias twice, in text_config",
+        "{\"text_config\":{\"n_heads\":30,\"dim\":3840,\"dim\":3840}}",
+        "text_config.dim appears 2 times");
+    ERR("text_config twice",
+        "{\"text_config\":{\"n_heads\":2,\"dim\":64},\"text_config\":{\"n_heads\":4,\"dim\":64}}",
+        "text_config appears 2 times");
+    ERR("\\u0000 in a key", "{\"n_heads\\u0000x\":30,\"dim\":3840}", "U+0000 (\\u0000) at byte 9");
+    OK("a field not read may repeat",
+       "{\"num_attention_heads\":4,\"head_dim\":16,\"note\":\"a\",\"note\":\"b\"}", 4, 4, 16, 0,
+       "");
+    OK("\\\\u0000 is text", "{\"num_attention_heads\":4,\"head_dim\":16,\"note\":\"\\\\u0000\"}", 4,
+       4, 16, 0, "");
     ERR("GQA error with alias names", "{\"dim\":2304,\"n_heads\":24,\"n_kv_heads\":7}",
         "num_heads (24) must be a multiple of num_kv_heads (7)");
     ERR("kv > heads names the config fields",

@@ -511,6 +511,28 @@ static void test_corrupt(void)
     BAD_HEADER("trailing text", "{} x", 0, "not valid JSON");
     BAD_HEADER("trailing control byte", "{}  \x01", 0, "unexpected text at byte 4");
     BAD_HEADER("two objects", "{}{}", 0, "not valid JSON");
+    /* U+0000 spelled \u0000: cJSON decodes it into a C string, which ends
+     * there, so "a\u0000b" read as "a" and "F32\u0000x" as F32 (found by
+     * fuzz_safetensors). Refused wherever it is; \\u0000 (a backslash, then
+     * text) is no such escape. */
+    BAD_HEADER("\\u0000 in a name",
+               "{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+               "U+0000 (\\u0000) at byte 3");
+    BAD_HEADER("\\u0000 in a dtype",
+               "{\"a\":{\"dtype\":\"U8\\u0000x\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+               "U+0000");
+    BAD_HEADER("\\u0000 in a metadata key", "{\"__metadata__\":{\"\\u0000\":\"pt\"}}", 0, "U+0000");
+    BAD_HEADER("\\u0000 in a metadata value", "{\"__metadata__\":{\"k\":\"x\\u0000\"}}", 0,
+               "U+0000");
+    {
+        write_raw(tpath("bs.safetensors"), "{\"__metadata__\":{\"k\":\"\\\\u0000\"}}", 0);
+        st_file f;
+        char err[512] = "";
+        st_status st = st_read(tpath("bs.safetensors"), &f, err, sizeof err);
+        CHECK(st == ST_OK && strcmp(st_meta_get(&f, "k"), "\\u0000") == 0,
+              "an escaped backslash before u0000 is text: %s", err);
+        st_free(&f);
+    }
     BAD_HEADER("array", "[1,2]", 0, "does not start with '{'");
     BAD_HEADER("whitespace only", "  \n ", 0, "does not start with '{'");
     BAD_HEADER("control byte before {", "\x01{}", 0, "does not start with '{'");
@@ -623,6 +645,12 @@ static void test_corrupt(void)
                8, "name \"a\" appears more than once");
     BAD_HEADER("duplicate metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", 0,
                "\"__metadata__\" appears");
+    /* A repeated metadata key was kept twice: st_meta_get saw the first
+     * value (the reference reader keeps the last) and st_write refused to
+     * write the file back (found by fuzz_safetensors). */
+    BAD_HEADER("duplicate metadata key",
+               "{\"__metadata__\":{\"fmha.seed\":\"1\",\"k\":\"x\",\"fmha.seed\":\"2\"}}", 0,
+               "metadata key \"fmha.seed\" appears more than once");
     BAD_HEADER("metadata not object", "{\"__metadata__\":[\"a\"]}", 0,
                "\"__metadata__\" is not an object");
     BAD_HEADER("metadata value not string", "{\"__metadata__\":{\"k\":1}}", 0,

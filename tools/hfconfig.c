@@ -103,12 +103,56 @@ static int get_positive(const cJSON *obj, const char *const *keys, const char *n
     return FIELD_OK;
 }
 
+/* Every key a field is read by, and text_config. */
+static const char *const *const FIELD_KEYS[] = {HEADS_KEYS, KV_KEYS, HEAD_DIM_KEYS, HIDDEN_KEYS,
+                                                NULL};
+
+/* A key of `keys` that `obj` holds more than once: cJSON keeps every copy
+ * and its lookup finds the first, while Python's json (and so transformers)
+ * keeps the last, so the two would read different numbers. NULL if none;
+ * *times says how often. */
+static const char *repeated_key(const cJSON *obj, const char *const *keys, int *times)
+{
+    for (; *keys != NULL; keys++) {
+        int n = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, obj) n += strcmp(it->string, *keys) == 0;
+        if (n > 1) {
+            *times = n;
+            return *keys;
+        }
+    }
+    return NULL;
+}
+
+/* Refuses an object in which a field it is read for appears twice. */
+static int check_repeats(const cJSON *obj, const char *name, const char *where, char *err,
+                         size_t errlen)
+{
+    static const char *const TEXT_CONFIG[] = {"text_config", NULL};
+    int times = 0;
+    const char *key = NULL;
+    for (int f = 0; FIELD_KEYS[f] != NULL && key == NULL; f++)
+        key = repeated_key(obj, FIELD_KEYS[f], &times);
+    if (key == NULL && !*where)
+        key = repeated_key(obj, TEXT_CONFIG, &times);
+    if (key == NULL)
+        return 0;
+    set_err(err, errlen,
+            "%s: %s%s appears %d times; JSON readers disagree on which value counts (Python's "
+            "json, and so transformers, takes the last): keep one",
+            name, where, key, times);
+    return -1;
+}
+
 static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char *err, size_t errlen)
 {
     if (!cJSON_IsObject(root)) {
         set_err(err, errlen, "%s: config is JSON but not an object", name);
         return -1;
     }
+    if (check_repeats(root, name, "", err, errlen) != 0)
+        return -1;
     /* Multimodal configs keep the language model under "text_config"; take
      * every field from one place so a vision tower's numbers never mix in. */
     const cJSON *sec = root;
@@ -119,6 +163,8 @@ static int derive(const cJSON *root, const char *name, hf_attn_shape *out, char 
         if (cJSON_IsObject(tc)) {
             sec = tc;
             where = "text_config.";
+            if (check_repeats(sec, name, where, err, errlen) != 0)
+                return -1;
         }
     }
 
@@ -219,6 +265,22 @@ int hf_config_parse(const char *json, size_t len, const char *name, hf_attn_shap
         return -1;
     }
     memset(out, 0, sizeof *out);
+    /* JSON may spell U+0000 as \u0000, which cJSON decodes into its C
+     * strings, where it ends them: the key "n_heads\u0000x", which Python
+     * reads as another key, would be read as n_heads. No config needs one.
+     * An escaped backslash is skipped whole, so \\u0000 (text) is fine. */
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (json[i] != '\\')
+            continue;
+        if (json[i + 1] == 'u' && len - i >= 6 && memcmp(json + i + 2, "0000", 4) == 0) {
+            set_err(err, errlen,
+                    "%s: spells U+0000 (\\u0000) at byte %zu, which would cut a key short here; "
+                    "no config needs it",
+                    name, i);
+            return -1;
+        }
+        i++;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json ? json : "", len, &end, 0);
     if (root == NULL) {

@@ -20,6 +20,9 @@
  * Without a head dim, head_dim = hidden / heads. With both, head_dim x heads
  * must equal hidden. The aliases cover Lumina2 (num_kv_heads), Z-Image
  * (n_heads, n_kv_heads, dim) and Wan's original config (num_heads, dim).
+ * A config that JSON readers would read differently is refused: one where a
+ * field above (or text_config) appears twice in its object (Python's json
+ * takes the last copy), or one that spells U+0000 (\u0000).
  * Nothing here prints or exits; errors return nonzero with a message in err. */
 #ifndef FMHA_TOOLS_HFCONFIG_H
 #define FMHA_TOOLS_HFCONFIG_H

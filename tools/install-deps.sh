@@ -5,7 +5,8 @@
 # missing. `install-deps.sh tsan` adds clang with LLVM's libomp and its Archer
 # tool (make tsan-test); `install-deps.sh valgrind` adds valgrind (make valgrind-test);
 # `install-deps.sh mpi` adds Open MPI (the MPI communicator of sequence
-# parallelism and its tests under mpirun; CMake finds it when present).
+# parallelism and its tests under mpirun; CMake finds it when present);
+# `install-deps.sh fuzz` adds clang with libFuzzer and LLVM's libomp (make fuzz).
 need=""
 command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"
@@ -25,8 +26,16 @@ for extra in "$@"; do
         [ -f /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -f /usr/include/mpi.h ] ||
             need="$need libopenmpi-dev"
         ;;
+    fuzz)
+        # clang, libFuzzer and the sanitizers' runtimes (libclang-rt, only
+        # recommended by clang), and the OpenMP runtime clang's -fopenmp links:
+        # one test link says whether they are all there.
+        printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' |
+            clang -x c - -fsanitize=fuzzer,address,undefined -fopenmp -o /dev/null >/dev/null 2>&1 ||
+            need="$need clang libclang-rt-dev libomp-dev"
+        ;;
     *)
-        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind, mpi)" >&2
+        echo "install-deps.sh: unknown extra '$extra' (tsan, valgrind, mpi, fuzz)" >&2
         exit 2
         ;;
     esac

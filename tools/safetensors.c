@@ -371,6 +371,28 @@ static st_status parse_entry(const char *path, const cJSON *item, int64_t data_s
     return ST_OK;
 }
 
+/* cJSON keeps repeated keys of an object; the format forbids them. Sets
+ * *dup to the first repeated key in sorted order, or NULL. */
+static st_status first_repeated_key(const cJSON *obj, const char **dup)
+{
+    *dup = NULL;
+    const int n = cJSON_GetArraySize(obj);
+    if (n < 2)
+        return ST_OK;
+    const char **keys = malloc((size_t)n * sizeof *keys);
+    if (keys == NULL)
+        return ST_ERR_NOMEM;
+    int k = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj) keys[k++] = it->string;
+    qsort(keys, (size_t)n, sizeof *keys, cmp_str_ptr);
+    for (k = 1; k < n && *dup == NULL; k++)
+        if (strcmp(keys[k - 1], keys[k]) == 0)
+            *dup = keys[k];
+    free(keys);
+    return ST_OK;
+}
+
 /* The whole header: structure, names, metadata and tiling of the data
  * section. Fills ents (count entries) and returns the metadata object (or
  * NULL) through *meta. */
@@ -388,26 +410,14 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
     }
     int nkeys = cJSON_GetArraySize(root);
 
-    /* cJSON keeps repeated keys; the format forbids them. */
-    if (nkeys > 1) {
-        const char **keys = malloc((size_t)nkeys * sizeof *keys);
-        if (keys == NULL) {
+    const char *dup;
+    st_status st = first_repeated_key(root, &dup);
+    if (st != ST_OK || dup != NULL) {
+        if (st != ST_OK)
             set_err(err, errlen, "%s: out of memory", path);
-            return ST_ERR_NOMEM;
-        }
-        int k = 0;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, root) keys[k++] = it->string;
-        qsort(keys, (size_t)nkeys, sizeof *keys, cmp_str_ptr);
-        for (k = 1; k < nkeys; k++) {
-            if (strcmp(keys[k - 1], keys[k]) == 0) {
-                set_err(err, errlen, "%s: name \"%s\" appears more than once in the header", path,
-                        keys[k]);
-                free(keys);
-                return ST_ERR_FORMAT;
-            }
-        }
-        free(keys);
+        else
+            set_err(err, errlen, "%s: name \"%s\" appears more than once in the header", path, dup);
+        return st != ST_OK ? st : ST_ERR_FORMAT;
     }
 
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, META_KEY);
@@ -425,6 +435,18 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
                 return ST_ERR_FORMAT;
             }
         }
+        /* A repeated key would have two values, of which st_meta_get sees
+         * the first (the reference reader keeps the last), and st_write
+         * would refuse to write what was read. */
+        if ((st = first_repeated_key(md, &dup)) != ST_OK) {
+            set_err(err, errlen, "%s: out of memory", path);
+            return st;
+        }
+        if (dup != NULL) {
+            set_err(err, errlen, "%s: metadata key \"%s\" appears more than once in the header",
+                    path, dup);
+            return ST_ERR_FORMAT;
+        }
         *meta = md;
     }
 
@@ -437,7 +459,7 @@ static st_status check_header(const char *path, const cJSON *root, int64_t data_
         set_err(err, errlen, "%s: out of memory", path);
         return ST_ERR_NOMEM;
     }
-    st_status st = ST_OK;
+    st = ST_OK;
     int n = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, root)
@@ -677,6 +699,24 @@ static st_status read_source(const char *path, st_source *src, int64_t fsize, st
                 (unsigned)(unsigned char)hdr[bad], bad);
         st = ST_ERR_FORMAT;
         goto done;
+    }
+    /* JSON may spell U+0000 as \u0000, which cJSON decodes into its C
+     * strings, where it ends them: "a\u0000b" would come back as the name
+     * "a", "F32\u0000x" as F32. Names, dtypes and metadata are C strings
+     * here, so such a header is refused. An escaped backslash is skipped
+     * whole, so \\u0000 (text) is not caught. */
+    for (size_t i = 0; i + 1 < (size_t)hlen; i++) {
+        if (hdr[i] != '\\')
+            continue;
+        if (hdr[i + 1] == 'u' && strncmp(hdr + i + 2, "0000", 4) == 0) {
+            set_err(err, errlen,
+                    "%s: header spells U+0000 (\\u0000) at byte %zu: names, dtypes and metadata "
+                    "are read as C strings, which cannot hold it",
+                    path, i);
+            st = ST_ERR_FORMAT;
+            goto done;
+        }
+        i++; /* the escaped character, a backslash included */
     }
     const char *parse_end = NULL;
     root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &parse_end, 0);

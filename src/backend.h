@@ -76,6 +76,11 @@ typedef struct fmha_backend {
      * of its KV head), the LSE of the unsmoothed scores. */
     fmha_status (*unsmooth_lse)(const fmha_problem *pb, const fmha_tensor *q, float *lse,
                                 const float *mean, void *stream);
+
+    /* Runs a validated backward call (pb->bwd) on the backward kernel of
+     * `plan` (fmha_plan_backward's). NULL where the backend has none: the
+     * chooser then refuses every backward on it. */
+    fmha_status (*backward)(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws);
 } fmha_backend;
 
 #ifdef __cplusplus

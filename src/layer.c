@@ -191,6 +191,54 @@ fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
     return st;
 }
 
+/* A backward call on a layer that no other thread is using: the backward
+ * plan, then every argument, then the backend. */
+static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
+{
+    fmha_plan bwd;
+    fmha_status st = fmha_plan_backward(&layer->plan, &bwd);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    fmha_forward_args fwd;
+    fmha_problem pb;
+    /* batch 0: no row of any gradient. Otherwise seqlen_q 0 still has dk and
+     * dv rows to zero, and seqlen_k 0 dq rows: the backend writes them. */
+    if ((st = fmha_validate_backward_args(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK ||
+        pb.batch == 0)
+        return st;
+    pb.cfg = &bwd.cfg;
+    layer->last = bwd;
+    return layer->be->backward(&bwd, &pb, &layer->ws);
+}
+
+fmha_status fmha_layer_backward(fmha_layer *layer, const fmha_backward_args *args)
+{
+    fmha_clear_error();
+    if (!layer)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
+    if (!args)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "backward args are NULL");
+    if (atomic_exchange(&layer->busy, 1))
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
+                              "the layer is running a call on another thread: a layer runs one "
+                              "call at a time (it owns that call's scratch); give each thread "
+                              "its own layer (fmha_layer_init)");
+    fmha_status st = backward(layer, args);
+    atomic_store(&layer->busy, 0);
+    return st;
+}
+
+fmha_status fmha_backward(const fmha_config *cfg, const fmha_backward_args *args)
+{
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    st = fmha_layer_backward(layer, args);
+    fmha_layer_free(layer);
+    return st;
+}
+
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)
 {
     fmha_layer *layer;

@@ -111,4 +111,11 @@ const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
     .pack_p = pack_p,
     .pv = pv,
     .store = store,
+    .load_rows = load_rows,
+    .pack_rows_t = pack_rows_t,
+    .exp_cols = exp_cols,
+    .exp_rows = exp_rows,
+    .ds_cols = ds_cols,
+    .ds_rows = ds_rows,
+    .softcap_grad = softcap_grad,
 };

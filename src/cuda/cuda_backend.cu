@@ -193,4 +193,5 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_smooth_k_scratch,
     fmha_cuda_smooth_k,
     cuda_unsmooth,
+    NULL, /* backward: not built yet (select.c refuses a CUDA backward) */
 };

@@ -41,7 +41,7 @@
  * process-wide caches guarded for concurrent use: a stream-ordered memory
  * pool per device (scratch of split and FP8 calls, kept between calls) and the
  * occupancy of each Hopper kernel variant per device. On any error nothing
- * is written to `out` or `lse`.
+ * is written to `out` or `lse` (nor, in a backward, to dq, dk or dv).
  */
 #ifndef FMHA_H
 #define FMHA_H
@@ -422,7 +422,8 @@ FMHA_API fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_arg
  * backward kernel (fmha_kernel_select_backward); every argument is checked
  * before anything is written. The CPU computes in f32 (f16 and bf16 inputs
  * converted), with D = rowsum(dout * out) from the out given and the
- * softmax from the lse given, and is deterministic (fmha_config). Empty
+ * softmax from the lse given, and is deterministic (fmha_config).
+ * cfg.check_finite reads q, k and v first, as in the forward. Empty
  * problems: batch 0 is OK with nothing written; seqlen_q 0 gives dk = dv = 0,
  * seqlen_k 0 dq = 0. Runs on the layer's device, one call at a time as
  * fmha_layer_forward. */

@@ -204,7 +204,7 @@ static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
     /* batch 0: no row of any gradient. Otherwise seqlen_q 0 still has dk and
      * dv rows to zero, and seqlen_k 0 dq rows: the backend writes them. */
     if ((st = fmha_validate_backward_args(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK ||
-        pb.batch == 0)
+        pb.batch == 0 || (st = check_finite(layer, &fwd)) != FMHA_STATUS_OK)
         return st;
     pb.cfg = &bwd.cfg;
     layer->last = bwd;

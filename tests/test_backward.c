@@ -545,6 +545,17 @@ static void test_errors(tu_rng *r)
                      fmha_status_string(st2), fmha_last_error());
         }
     }
+    /* check_finite reads q, k and v first, as in the forward. */
+    fmha_config checked = s.cfg;
+    checked.check_finite = 1;
+    tu_set(&s.k, 1, 250, 0, 7, NAN);
+    fmha_status stf = fmha_backward(&checked, &s.a);
+    TU_CHECK(stf == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "k holds 1 NaN or inf value, the first at [batch, seq, "
+                                           "head, channel] = [1, 250, 0, 7]") &&
+                 small_untouched(&s),
+             "check_finite: %s (%s)", fmha_status_string(stf), fmha_last_error());
+    tu_set(&s.k, 1, 250, 0, 7, 0.5);
     /* The reference refuses the same way. */
     fmha_config f8 = s.cfg;
     f8.dtype = FMHA_DTYPE_F8_E4M3;

@@ -597,6 +597,59 @@ static void test_choice(const fmha_cpu_isa *isas, int nisa)
     /* A layer reports the backward kernel after a backward call. */
 }
 
+/* Scores far beyond f32's reach of the LSE (scales 1e6..1e30 on unit inputs;
+ * the forward is exact there, docs/reliability.md): the softmax is one-hot
+ * up to the LSE's rounding, so the gradients are noise of that rounding, but
+ * they must stay finite (P recomputed from an LSE off by more than 128 once
+ * overflowed 2^x's exponent). */
+static void test_large_scores(tu_rng *r, fmha_cpu_isa isa)
+{
+    const double scales[] = {1e6, 1e10, 1e30};
+    for (int i = 0; i < 3; i++) {
+        fmha_config cfg;
+        fmha_config_init(&cfg, 2, 1, 32);
+        cfg.dtype = FMHA_DTYPE_F32;
+        cfg.cpu_isa = isa;
+        cfg.softmax_scale = scales[i];
+        tu_tensor q, k, v, o, g, dq, dk, dv;
+        tu_tensor_init(&q, cfg.dtype, 1, 70, 2, 32, 0, 0);
+        tu_tensor_init(&k, cfg.dtype, 1, 90, 1, 32, 0, 0);
+        tu_tensor_init(&v, cfg.dtype, 1, 90, 1, 32, 0, 0);
+        tu_tensor_init(&o, cfg.dtype, 1, 70, 2, 32, 0, 0);
+        tu_tensor_init(&g, cfg.dtype, 1, 70, 2, 32, 0, 0);
+        tu_tensor_init(&dq, cfg.dtype, 1, 70, 2, 32, 0, 0xFF);
+        tu_tensor_init(&dk, cfg.dtype, 1, 90, 1, 32, 0, 0xFF);
+        tu_tensor_init(&dv, cfg.dtype, 1, 90, 1, 32, 0, 0xFF);
+        tu_tensor *in[4] = {&q, &k, &v, &g};
+        for (int t = 0; t < 4; t++)
+            tu_fill_normal(in[t], r, 1);
+        float lse[140];
+        fmha_forward_args fa = {.q = q.t, .k = k.t, .v = v.t, .out = o.t, .lse = lse};
+        fmha_backward_args ba = {.q = q.t,
+                                 .k = k.t,
+                                 .v = v.t,
+                                 .out = o.t,
+                                 .dout = g.t,
+                                 .lse = lse,
+                                 .dq = dq.t,
+                                 .dk = dk.t,
+                                 .dv = dv.t};
+        fmha_status st = fmha_forward(&cfg, &fa);
+        if (st == FMHA_STATUS_OK)
+            st = fmha_backward(&cfg, &ba);
+        int bad = 0;
+        tu_max_err(&dq, &dq, &bad);
+        tu_max_err(&dk, &dk, &bad);
+        tu_max_err(&dv, &dv, &bad);
+        TU_CHECK(st == FMHA_STATUS_OK && !bad, "isa %s, scale %g: %s, gradients %s",
+                 fmha_cpu_isa_name(isa), scales[i], fmha_status_string(st),
+                 bad ? "not finite" : "finite");
+        tu_tensor *all[8] = {&q, &k, &v, &o, &g, &dq, &dk, &dv};
+        for (int t = 0; t < 8; t++)
+            tu_tensor_free(all[t]);
+    }
+}
+
 /* The same call twice, and on 1 and 2 threads: the same bits. */
 static void test_determinism(tu_rng *r, fmha_cpu_isa isa)
 {
@@ -784,8 +837,10 @@ int main(int argc, char **argv)
     printf("largest error / tolerance: %.3f\n", worst);
     test_errors(&rng);
     test_choice(isas, nisa);
-    for (int i = 0; i < nisa; i++)
+    for (int i = 0; i < nisa; i++) {
         test_determinism(&rng, isas[i]);
+        test_large_scores(&rng, isas[i]);
+    }
     test_empty(&rng);
     test_alloc_failures(&rng);
     test_layer(&rng);

@@ -39,6 +39,7 @@ static inline __m512 exp2_avx512(__m512 x)
 #define VADD                _mm512_add_ps
 #define VSUB                _mm512_sub_ps
 #define VMAX                _mm512_max_ps
+#define VMIN                _mm512_min_ps
 #define VDIV                _mm512_div_ps
 #define VEXP2               exp2_avx512
 #define VIS_NEG_INF(x)      _mm512_cmp_ps_mask((x), _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)

@@ -3,7 +3,8 @@
  * written once over a small vector vocabulary and included by each SIMD ISA
  * file (cpu_ops_avx2.c, cpu_ops_avx512.c), which defines the vocabulary first:
  *   V, VL, VLOAD, VSTORE, VSET1, VZERO, VFMA(a, b, c) = a * b + c, VMUL, VADD,
- *   VSUB, VMAX, VDIV, VEXP2 (2^x, exactly 0 for x < -126),
+ *   VSUB, VMAX, VMIN (x86's: the second operand where either is NaN), VDIV,
+ *   VEXP2 (2^x, exactly 0 for x < -126),
  *   VIS_NEG_INF(x), VIS_NEGATIVE(x) -> masks for VSELECT(mask, if_true, if_false),
  *   QK_MR/QK_NV (keys x query-vectors per qk register tile),
  *   PV_MR/PV_NV (queries x value-vectors per pv register tile).
@@ -165,15 +166,22 @@ static void softcap(float *st, int nj, int nq, float scale, float cap)
 
 /* ---------------------------------------------------------------- backward */
 
-/* 2^(x * scale - lse), fused: unlike the forward's softmax no maximum has to
- * see the same rounding, and x * scale <= lse up to the LSE's own rounding. */
+/* 2^min(x * scale - lse, 0): x * scale <= lse up to the LSE's own rounding,
+ * and past it (scores near 2^30 and beyond, whose f32 LSE is off by more
+ * than 128) VEXP2's exponent would overflow into garbage; P <= 1 keeps such
+ * rows finite. NaN stays NaN (VMIN's second operand). */
+INLINE V p_of(V x, V scale, V lse)
+{
+    return VEXP2(VMIN(VZERO(), VSUB(VMUL(x, scale), lse)));
+}
+
 static void exp_cols(float *st, int nr, int nc, float scale, const float *lse)
 {
     const V vs = VSET1(scale);
     for (int r = 0; r < nr; r++)
         for (int x = 0; x < nc / VL; x++) {
             float *e = st + r * T_BR + x * VL;
-            VSTORE(e, VEXP2(VSUB(VMUL(VLOAD(e), vs), VLOAD(lse + x * VL))));
+            VSTORE(e, p_of(VLOAD(e), vs, VLOAD(lse + x * VL)));
         }
 }
 
@@ -184,7 +192,7 @@ static void exp_rows(float *st, int nr, int nc, float scale, const float *lse)
         const V b = VSET1(lse[r]);
         for (int x = 0; x < nc / VL; x++) {
             float *e = st + r * T_BR + x * VL;
-            VSTORE(e, VEXP2(VSUB(VMUL(VLOAD(e), vs), b)));
+            VSTORE(e, p_of(VLOAD(e), vs, b));
         }
     }
 }

@@ -83,18 +83,24 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t dvp, con
 
 /* ---------------------------------------------------------------- backward */
 
+/* 2^min(x, 0), NaN kept: as p_of in cpu_ops_f32.h. */
+static float p_of(float x)
+{
+    return exp2f(x > 0.0f ? 0.0f : x);
+}
+
 static void exp_cols(float *st, int nr, int nc, float scale, const float *lse)
 {
     for (int r = 0; r < nr; r++)
         for (int i = 0; i < nc; i++)
-            st[r * BR + i] = exp2f(st[r * BR + i] * scale - lse[i]);
+            st[r * BR + i] = p_of(st[r * BR + i] * scale - lse[i]);
 }
 
 static void exp_rows(float *st, int nr, int nc, float scale, const float *lse)
 {
     for (int r = 0; r < nr; r++)
         for (int i = 0; i < nc; i++)
-            st[r * BR + i] = exp2f(st[r * BR + i] * scale - lse[r]);
+            st[r * BR + i] = p_of(st[r * BR + i] * scale - lse[r]);
 }
 
 static void ds_cols(float *p, const float *dp, int nr, int nc, const float *D)

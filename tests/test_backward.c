@@ -650,6 +650,96 @@ static void test_large_scores(tu_rng *r, fmha_cpu_isa isa)
     }
 }
 
+/* The non-finite policy (docs/reliability.md) through the backward: one NaN
+ * in q, k, v or dout of a causal GQA problem, the forward's out and lse as
+ * the kernel wrote them, and every gradient element non-finite exactly where
+ * the float64 reference's is, the others within a plain tolerance of it,
+ * but for the documented spread of a NaN channel of q (into dk) or dout (into
+ * dv) over its key tile. k's and v's NaN sit at key 64, the start of a key
+ * block, so that the forward is exact on every row and no row before 64
+ * meets the block (the block caveat, docs/reliability.md). */
+static void test_non_finite(tu_rng *r, fmha_cpu_isa isa)
+{
+    const int64_t S = 100, J = 64;
+    const char *what[4] = {"NaN in q[5, head 1, 3]", "NaN in k[64, 3]", "NaN in v[64, 5]",
+                           "NaN in dout[70, head 0, 2]"};
+    for (int kind = 0; kind < 4; kind++) {
+        fmha_config cfg;
+        fmha_config_init(&cfg, 2, 1, 32);
+        cfg.dtype = FMHA_DTYPE_F32;
+        cfg.causal = 1;
+        cfg.cpu_isa = isa;
+        tu_tensor q, k, v, o, g, gr[3], rf[3];
+        tu_tensor_init(&q, cfg.dtype, 1, S, 2, 32, 0, 0);
+        tu_tensor_init(&k, cfg.dtype, 1, S, 1, 32, 0, 0);
+        tu_tensor_init(&v, cfg.dtype, 1, S, 1, 32, 0, 0);
+        tu_tensor_init(&o, cfg.dtype, 1, S, 2, 32, 0, 0);
+        tu_tensor_init(&g, cfg.dtype, 1, S, 2, 32, 0, 0);
+        tu_tensor *in[4] = {&q, &k, &v, &g};
+        for (int t = 0; t < 4; t++)
+            tu_fill_normal(in[t], r, 1);
+        for (int i = 0; i < 3; i++) {
+            const fmha_tensor *t = &in[i]->t;
+            tu_tensor_init(&gr[i], cfg.dtype, 1, S, t->heads, 32, 0, 0xFF);
+            tu_tensor_init(&rf[i], cfg.dtype, 1, S, t->heads, 32, 0, 0xFF);
+        }
+        if (kind == 0)
+            tu_set(&q, 0, 5, 1, 3, NAN);
+        else if (kind == 1)
+            tu_set(&k, 0, J, 0, 3, NAN);
+        else if (kind == 2)
+            tu_set(&v, 0, J, 0, 5, NAN);
+        else
+            tu_set(&g, 0, 70, 0, 2, NAN);
+        float lse[2 * 100];
+        fmha_forward_args fa = {.q = q.t, .k = k.t, .v = v.t, .out = o.t, .lse = lse};
+        fmha_backward_args ba = {.q = q.t,
+                                 .k = k.t,
+                                 .v = v.t,
+                                 .out = o.t,
+                                 .dout = g.t,
+                                 .lse = lse,
+                                 .dq = gr[0].t,
+                                 .dk = gr[1].t,
+                                 .dv = gr[2].t};
+        fmha_backward_args br = ba;
+        br.dq = rf[0].t;
+        br.dk = rf[1].t;
+        br.dv = rf[2].t;
+        TU_CHECK(fmha_forward(&cfg, &fa) == FMHA_STATUS_OK && fmha_backward(&cfg, &ba) == 0 &&
+                     fmha_reference_backward(&cfg, &br) == FMHA_STATUS_OK,
+                 "%s: %s", what[kind], fmha_last_error());
+        int64_t wrong = 0, nonfinite = 0;
+        const char *first = "";
+        for (int i = 0; i < 3; i++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t h = 0; h < gr[i].t.heads; h++)
+                    for (int64_t c = 0; c < 32; c++) {
+                        const double x = tu_get(&gr[i], 0, s, h, c), y = tu_get(&rf[i], 0, s, h, c);
+                        nonfinite += !isfinite(y);
+                        /* weight 0 times NaN: q's NaN channel reaches dk, dout's dv, at
+                         * every key of the tile (all 100 here), as products over tiles do */
+                        const int spread =
+                            (kind == 0 && i == 1 && c == 3) || (kind == 3 && i == 2 && c == 2);
+                        const int close = isfinite(x) && fabs(x - y) <= 1e-4 * (1 + fabs(y));
+                        const int ok = isfinite(y) ? spread || close : !isfinite(x);
+                        if (!ok && wrong++ == 0)
+                            first = i == 0 ? "dq" : i == 1 ? "dk" : "dv";
+                    }
+        TU_CHECK(wrong == 0 && nonfinite > 0,
+                 "isa %s, %s: %lld gradient elements break the policy (first in %s), %lld "
+                 "non-finite in the reference",
+                 fmha_cpu_isa_name(isa), what[kind], (long long)wrong, first, (long long)nonfinite);
+        tu_tensor *all[5] = {&q, &k, &v, &o, &g};
+        for (int t = 0; t < 5; t++)
+            tu_tensor_free(all[t]);
+        for (int i = 0; i < 3; i++) {
+            tu_tensor_free(&gr[i]);
+            tu_tensor_free(&rf[i]);
+        }
+    }
+}
+
 /* The same call twice, and on 1 and 2 threads: the same bits. */
 static void test_determinism(tu_rng *r, fmha_cpu_isa isa)
 {
@@ -840,6 +930,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < nisa; i++) {
         test_determinism(&rng, isas[i]);
         test_large_scores(&rng, isas[i]);
+        test_non_finite(&rng, isas[i]);
     }
     test_empty(&rng);
     test_alloc_failures(&rng);

@@ -165,9 +165,10 @@ static void softcap_grad(const bwd_call *c, bwd_scratch *s, int nr, int lane0, i
 
 /* ------------------------------------------------------------- dQ tasks */
 
-/* Tile st [key][query]: query lanes [ia, ib) get -inf at the keys of the
- * block [j0, j0 + nj) they do not see (the forward's mask_edges). */
-static void mask_lanes(bwd_scratch *s, int64_t j0, int nj, int ia, int ib)
+/* Tile st [key][query]: query lanes [ia, ib) get `fill` at the keys of the
+ * block [j0, j0 + nj) they do not see (the forward's mask_edges): -inf on S,
+ * and 0 on dS, which a NaN in dP or D would reach otherwise (0 (NaN - D)). */
+static void mask_lanes(bwd_scratch *s, int64_t j0, int nj, int ia, int ib, float fill)
 {
     int r1 = ia, r2 = ia;
     for (int j = 0; j < nj; j++) {
@@ -178,9 +179,9 @@ static void mask_lanes(bwd_scratch *s, int64_t j0, int nj, int ia, int ib)
             r2++;
         const int v0 = r1 < r2 ? r1 : r2, v1 = r1 < r2 ? r2 : r1;
         for (int i = ia; i < v0; i++)
-            row[i] = -INFINITY;
+            row[i] = fill;
         for (int i = v1; i < ib; i++)
-            row[i] = -INFINITY;
+            row[i] = fill;
     }
 }
 
@@ -230,8 +231,9 @@ static void dq_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t h, int
         ops->load_rows(&a->k, tb, k0 + j0, hk, nj, pb->d, c->dkp, s->xb);
         ops->qk(s->xb, c->dkp, nj, nq, s->at + qv, pb->d, st);
         softcap_keep(c, s, nj, qv, nq);
-        if (!(lo_last <= j0 && j0 + nj <= hi_first))
-            mask_lanes(s, j0, nj, qv, ib);
+        const int edge = !(lo_last <= j0 && j0 + nj <= hi_first);
+        if (edge)
+            mask_lanes(s, j0, nj, qv, ib, -INFINITY);
         ops->exp_cols(st, nj, nq, c->exp_scale, s->lse + qv);
         ops->load_rows(&a->v, tb, k0 + j0, hk, nj, pb->dv, c->dvp, s->yb);
         ops->qk(s->yb, c->dvp, nj, nq, s->bt + qv, pb->dv, dp);
@@ -245,6 +247,8 @@ static void dq_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t h, int
             }
         }
         ops->ds_cols(st, dp, nj, nq, s->D + qv);
+        if (edge)
+            mask_lanes(s, j0, nj, qv, ib, 0.0f);
         softcap_grad(c, s, nj, qv, nq);
         ops->pv(st, nj, nq, s->xb, c->dkp, s->ones, s->acc_x + qv * c->dkp);
     }
@@ -271,7 +275,9 @@ static int64_t first_row(const fmha_config *cfg, int64_t sq, int64_t sk, int64_t
     return lo;
 }
 
-/* Tile st [query][key]: row r gets -inf at the keys j0 + c (c < nk) it does not see. */
+/* Tile st [query][key]: row r gets 0 at the keys j0 + c (c < nk) it does not
+ * see. Applied to P and to dS rather than -inf to S, so that a row whose LSE
+ * is NaN (a NaN row of the forward) adds nothing to the keys it does not see. */
 static void mask_rows(bwd_scratch *s, int nr, int64_t j0, int nk)
 {
     for (int r = 0; r < nr; r++) {
@@ -279,7 +285,7 @@ static void mask_rows(bwd_scratch *s, int nr, int64_t j0, int nk)
         const int64_t a = s->lo[r] - j0, b = s->hi[r] - j0;
         for (int k = 0; k < nk; k++)
             if (k < a || k >= b || a >= b)
-                row[k] = -INFINITY;
+                row[k] = 0.0f;
     }
 }
 
@@ -316,9 +322,9 @@ static void dkv_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t hk, i
             ops->load_rows(&a->dout, tb, q0 + i0, h, nr, pb->dv, c->dvp, s->yb);
             ops->qk(s->xb, c->dkp, nr, nl, s->at, pb->d, s->st);
             softcap_keep(c, s, nr, 0, nl);
+            ops->exp_rows(s->st, nr, nl, c->exp_scale, s->lse);
             if (!full)
                 mask_rows(s, nr, j0, nk);
-            ops->exp_rows(s->st, nr, nl, c->exp_scale, s->lse);
             if (c->want_dk)
                 ops->qk(s->yb, c->dvp, nr, nl, s->bt, pb->dv, s->dp);
             const float *p = s->st;
@@ -340,6 +346,8 @@ static void dkv_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t hk, i
                 ops->pv(p, nr, nl, s->yb, c->dvp, s->ones, s->acc_y);
             if (c->want_dk) {
                 ops->ds_rows(s->st, s->dp, nr, nl, s->D);
+                if (!full)
+                    mask_rows(s, nr, j0, nk);
                 softcap_grad(c, s, nr, 0, nl);
                 ops->pv(s->st, nr, nl, s->xb, c->dkp, s->ones, s->acc_x);
             }

@@ -888,7 +888,7 @@ int main(int argc, char **argv)
 {
     const char *env = getenv("FMHA_TEST_CASES");
     const int quick = getenv("FMHA_TEST_QUICK") && *getenv("FMHA_TEST_QUICK");
-    int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 80;
+    int ncases = argc > 1 ? atoi(argv[1]) : env ? atoi(env) : 60;
     tu_rng rng = {20261205};
     fmha_cpu_isa isas[FMHA_CPU_ISA_LAST];
     int nisa = 0;

@@ -17,8 +17,8 @@
  * default resolved. Backends receive only this. */
 typedef struct fmha_problem {
     const fmha_config *cfg;
-    const fmha_forward_args *args;  /* a backward call's q, k, v, out, lse, lengths, seed */
-    const fmha_backward_args *bwd;  /* a backward call's own arguments; NULL for a forward */
+    const fmha_forward_args *args;  /* a backward's: its q, k, v, out, lse, lengths and seed */
+    const fmha_backward_args *bwd;  /* a backward's own arguments; NULL for a forward */
     int64_t batch;                  /* sequences (padded batch or varlen_batch) */
     int64_t heads, kv_heads, group; /* group = heads / kv_heads */
     int64_t d, dv;                  /* head dims */

@@ -1,8 +1,9 @@
 /* reference.c — the float64 reference every fast path is tested against,
- * forward and backward.
- * Plain loops over (sequence, head, query row), one key row at a time, float64
- * accumulation, every feature. Never fast on purpose: it must stay obvious.
- * FP8 inputs are their codes' values times their descales, exactly. */
+ * forward and backward. Plain loops over (sequence, head, query row), one key
+ * row at a time (the backward: over (sequence, KV head), then its group's
+ * query rows), float64 accumulation, every feature. Never fast on purpose: it
+ * must stay obvious. FP8 inputs are their codes' values times their
+ * descales, exactly. */
 #include "alloc.h"
 #include "validate.h"
 

@@ -41,7 +41,7 @@
  * process-wide caches guarded for concurrent use: a stream-ordered memory
  * pool per device (scratch of split and FP8 calls, kept between calls) and the
  * occupancy of each Hopper kernel variant per device. On any error nothing
- * is written to `out` or `lse`.
+ * is written to `out` or `lse` (nor, in a backward, to dq, dk or dv).
  */
 #ifndef FMHA_H
 #define FMHA_H
@@ -211,11 +211,17 @@ typedef struct fmha_config {
     int check_finite;             /* 0 or 1: each call first reads q, k and v and refuses NaN or inf
                          (INVALID_ARGUMENT naming the tensor, the count and the first
                          index; docs/reliability.md says what they would give) */
+    int deterministic;            /* 0 or 1: the backward gives the same bits on every run. The CPU
+                          backward is deterministic whatever this says (no atomics: dq is
+                          summed per query tile, dk and dv per key tile, each by one
+                          thread in a fixed order, so the thread count does not change
+                          the bits either); the flag is for backends whose fast backward
+                          adds with atomics. The forward is deterministic everywhere. */
 } fmha_config;
 
 /* Sets the shape and defaults: head_dim_v = head_dim, bf16, scale 0 (= 1/sqrt(d)),
  * no mask, no softcap, no dropout, CPU, AUTO ISA, default threads, no FP8 compute,
- * no finite check. */
+ * no finite check, deterministic 0. */
 FMHA_API void fmha_config_init(fmha_config *cfg, int64_t num_heads, int64_t num_kv_heads,
                                int64_t head_dim);
 
@@ -475,6 +481,41 @@ typedef struct fmha_sp_args {
 FMHA_API fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp,
                                      fmha_comm *comm, const fmha_sp_args *args);
 
+/* ------------------------------------------------------------- backward args */
+
+/* Arguments of one backward call: the gradients of a forward call's inputs
+ * given the gradient of its output. q, k, v, cu_seqlens, max_seqlen, seed and
+ * offset are exactly the forward's (the dropout mask is drawn again from the
+ * same Philox stream, never stored); out and lse are what the forward wrote.
+ *
+ * Padded batch (cu_seqlens_q == NULL):
+ *   q, dq    [batch, seqlen_q, num_heads,    head_dim]
+ *   k, dk    [batch, seqlen_k, num_kv_heads, head_dim]
+ *   v, dv    [batch, seqlen_k, num_kv_heads, head_dim_v]
+ *   out, dout [batch, seqlen_q, num_heads,   head_dim_v]
+ *   lse      [batch, num_heads, seqlen_q] contiguous f32 (required)
+ * Packed batch: as fmha_forward_args, every tensor packed, lse [num_heads, total_q].
+ *
+ * dout may be f32, f16 or bf16 whatever out's dtype is. dq, dk and dv are
+ * written in their own views' dtypes (f32, f16 or bf16) and layouts; a view
+ * whose data is NULL is not wanted and not computed (its other fields are
+ * not read). With GQA/MQA, dk and dv of a KV head are the sums over the
+ * query heads it serves. Rows of packed dq, dk and dv outside every sequence
+ * are written 0. Gradient rows must not overlap (as out's, fmha_tensor) and
+ * must not share memory with the inputs. f8_e4m3 inputs (and fp8_compute
+ * layers) have no backward: UNSUPPORTED. */
+typedef struct fmha_backward_args {
+    fmha_tensor q, k, v, out, dout;
+    const float *lse;
+    fmha_tensor dq, dk, dv;      /* data NULL: not wanted */
+    const int32_t *cu_seqlens_q; /* NULL = padded batch */
+    const int32_t *cu_seqlens_k;
+    int64_t varlen_batch;
+    int64_t max_seqlen_q, max_seqlen_k;
+    uint64_t seed, offset; /* the forward's dropout stream */
+    void *stream;          /* cudaStream_t for the CUDA backend; NULL = default stream */
+} fmha_backward_args;
+
 /* ------------------------------------------------------------ kernel choice */
 
 typedef struct fmha_kernel_info {
@@ -489,6 +530,11 @@ typedef struct fmha_kernel_info {
  * INVALID_ARGUMENT / UNSUPPORTED with the reason in fmha_last_error().
  * fmha_layer_init and fmha_forward call exactly this. */
 FMHA_API fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info);
+
+/* The same for the backward: which kernel fmha_layer_backward and
+ * fmha_backward would run for cfg, or UNSUPPORTED and why (no backward for
+ * f8_e4m3 inputs or fp8_compute, nor yet on CUDA). */
+FMHA_API fmha_status fmha_kernel_select_backward(const fmha_config *cfg, fmha_kernel_info *info);
 
 /* -------------------------------------------------------------------- layer */
 
@@ -547,6 +593,21 @@ FMHA_API fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_ar
 
 /* One-shot convenience: init, forward, free. */
 FMHA_API fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args);
+
+/* The gradients of the forward (fmha_backward_args): dq, dk and dv of the
+ * loss sum(dout * out). Validated as the forward is, then on the plan's
+ * backward kernel (fmha_kernel_select_backward); every argument is checked
+ * before anything is written. The CPU computes in f32 (f16 and bf16 inputs
+ * converted), with D = rowsum(dout * out) from the out given and the
+ * softmax from the lse given, and is deterministic (fmha_config).
+ * cfg.check_finite reads q, k and v first, as in the forward. Empty
+ * problems: batch 0 is OK with nothing written; seqlen_q 0 gives dk = dv = 0,
+ * seqlen_k 0 dq = 0. Runs on the layer's device, one call at a time as
+ * fmha_layer_forward. */
+FMHA_API fmha_status fmha_layer_backward(fmha_layer *layer, const fmha_backward_args *args);
+
+/* One-shot convenience: init, backward, free. */
+FMHA_API fmha_status fmha_backward(const fmha_config *cfg, const fmha_backward_args *args);
 
 /* The float64 reference: plain loops, every feature, never fast; its
  * (sequence, head) pairs run on cfg->num_threads OpenMP threads (0: OpenMP's
@@ -627,6 +688,15 @@ FMHA_API fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args
  * writes into the cache (new keys rotated in float64, then rounded to the
  * cache's dtype), attention in float64 with q rotated in float64. */
 FMHA_API fmha_status fmha_reference_decode(const fmha_config *cfg, const fmha_kvcache_args *args);
+
+/* The float64 reference gradients: the exact dq, dk, dv of sum(dout * out)
+ * for fmha_reference_forward's function, softmax and D = rowsum(dP * P)
+ * recomputed in float64 from q, k, v (out and lse are validated as for
+ * fmha_backward but not read). Plain loops over (sequence, KV head), on
+ * cfg->num_threads threads; CPU memory only; f8_e4m3 inputs UNSUPPORTED as in
+ * fmha_backward. */
+FMHA_API fmha_status fmha_reference_backward(const fmha_config *cfg,
+                                             const fmha_backward_args *args);
 
 /* -------------------------------------------------------------------- CUDA */
 

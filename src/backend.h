@@ -118,6 +118,11 @@ typedef struct fmha_backend {
     fmha_status (*copy)(const fmha_tensor *dst, const fmha_tensor *src, void *stream);
     /* p[0 .. n) = value. */
     fmha_status (*fill_f32)(float *p, int64_t n, float value, void *stream);
+
+    /* Runs a validated backward call (pb->bwd) on the backward kernel of
+     * `plan` (fmha_plan_backward's). NULL where the backend has none: the
+     * chooser then refuses every backward on it. */
+    fmha_status (*backward)(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws);
 } fmha_backend;
 
 #ifdef __cplusplus

@@ -13,11 +13,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A forward call after validation: every number checked, every default
- * resolved. Backends receive only this. */
+/* A forward or backward call after validation: every number checked, every
+ * default resolved. Backends receive only this. */
 typedef struct fmha_problem {
     const fmha_config *cfg;
-    const fmha_forward_args *args;
+    const fmha_forward_args *args;  /* a backward's: its q, k, v, out, lse, lengths and seed */
+    const fmha_backward_args *bwd;  /* a backward's own arguments; NULL for a forward */
     int64_t batch;                  /* sequences (padded batch or varlen_batch) */
     int64_t heads, kv_heads, group; /* group = heads / kv_heads */
     int64_t d, dv;                  /* head dims */

@@ -215,6 +215,17 @@ static fmha_status forward_exclusive(fmha_layer *layer, const fmha_forward_args 
     return st;
 }
 
+fmha_status fmha_layer_forward_piece(fmha_layer *layer, const fmha_forward_args *args,
+                                     const fmha_piece *piece)
+{
+    return forward_exclusive(layer, args, piece);
+}
+
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+{
+    return forward_exclusive(layer, args, NULL);
+}
+
 /* A decode call on a layer that no other thread is using: validated, the
  * plan refined (a kernel that reads no cache refuses here, before anything
  * is written), the cache appended to, then attention on the direct path. */
@@ -248,19 +259,54 @@ static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
     return st;
 }
 
-fmha_status fmha_layer_decode(fmha_layer *layer, const fmha_kvcache_args *args)
+/* A backward call on a layer that no other thread is using: the backward
+ * plan, then every argument, then the backend. */
+static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
+{
+    fmha_plan bwd;
+    fmha_status st = fmha_plan_backward(&layer->plan, &bwd);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    fmha_forward_args fwd;
+    fmha_problem pb;
+    /* batch 0: no row of any gradient. Otherwise seqlen_q 0 still has dk and
+     * dv rows to zero, and seqlen_k 0 dq rows: the backend writes them. */
+    if ((st = fmha_validate_backward_args(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK ||
+        pb.batch == 0 || (st = check_finite(layer, &fwd)) != FMHA_STATUS_OK)
+        return st;
+    pb.cfg = &bwd.cfg;
+    layer->last = bwd;
+    return layer->be->backward(&bwd, &pb, &layer->ws);
+}
+
+/* Runs a decode (kind 0) or backward (kind 1) call while no other thread
+ * uses the layer, as forward_exclusive does a forward. */
+static fmha_status exclusive(fmha_layer *layer, const void *args, int kind)
 {
     fmha_clear_error();
     if (!layer)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
+    if (!args)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "%s args are NULL",
+                              kind ? "backward" : "decode");
     if (atomic_exchange(&layer->busy, 1))
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
                               "the layer is running a call on another thread: a layer runs one "
                               "call at a time (it owns that call's scratch); give each thread "
                               "its own layer (fmha_layer_init)");
-    fmha_status st = decode(layer, args);
+    fmha_status st = kind ? backward(layer, args) : decode(layer, args);
     atomic_store(&layer->busy, 0);
     return st;
+}
+
+fmha_status fmha_layer_decode(fmha_layer *layer, const fmha_kvcache_args *args)
+{
+    return exclusive(layer, args, 0);
+}
+
+fmha_status fmha_layer_backward(fmha_layer *layer, const fmha_backward_args *args)
+{
+    return exclusive(layer, args, 1);
 }
 
 fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args)
@@ -274,15 +320,15 @@ fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args)
     return st;
 }
 
-fmha_status fmha_layer_forward_piece(fmha_layer *layer, const fmha_forward_args *args,
-                                     const fmha_piece *piece)
+fmha_status fmha_backward(const fmha_config *cfg, const fmha_backward_args *args)
 {
-    return forward_exclusive(layer, args, piece);
-}
-
-fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
-{
-    return forward_exclusive(layer, args, NULL);
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    st = fmha_layer_backward(layer, args);
+    fmha_layer_free(layer);
+    return st;
 }
 
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)

@@ -1,7 +1,9 @@
-/* reference.c — the float64 reference every fast path is tested against.
- * Plain loops over (sequence, head, query row), one key row at a time, float64
- * accumulation, every feature. Never fast on purpose: it must stay obvious.
- * FP8 inputs are their codes' values times their descales, exactly. */
+/* reference.c — the float64 reference every fast path is tested against,
+ * forward and backward. Plain loops over (sequence, head, query row), one key
+ * row at a time (the backward: over (sequence, KV head), then its group's
+ * query rows), float64 accumulation, every feature. Never fast on purpose: it
+ * must stay obvious. FP8 inputs are their codes' values times their
+ * descales, exactly. */
 #include "alloc.h"
 #include "validate.h"
 
@@ -187,4 +189,139 @@ fmha_status fmha_reference_decode(const fmha_config *cfg, const fmha_kvcache_arg
         return FMHA_STATUS_OUT_OF_MEMORY;
     append(&pb, kv);
     return attention(cfg, &pb, kv, scratch, threads);
+}
+
+/* Zeroes rows [s0, s1) of every head of batch entry tb of a wanted gradient
+ * (data NULL: not wanted). */
+static void zero_rows(const fmha_tensor *g, int64_t tb, int64_t s0, int64_t s1)
+{
+    for (int64_t s = s0; g->data && s < s1; s++)
+        for (int64_t h = 0; h < g->heads; h++)
+            for (int64_t c = 0; c < g->head_dim; c++)
+                fmha_store_f32(fmha_row(g, tb, s, h), g->dtype, c, 0.0f);
+}
+
+/* Writes n float64 values as a gradient row (if the gradient is wanted). */
+static void store_row(const fmha_tensor *g, int64_t tb, int64_t s, int64_t h, const double *x,
+                      int64_t n)
+{
+    if (!g->data)
+        return;
+    char *row = fmha_row(g, tb, s, h);
+    for (int64_t c = 0; c < n; c++)
+        fmha_store_f32(row, g->dtype, c, (float)x[c]);
+}
+
+fmha_status fmha_reference_backward(const fmha_config *cfg, const fmha_backward_args *a)
+{
+    fmha_clear_error();
+    fmha_forward_args fwd;
+    fmha_problem pb;
+    fmha_status st = fmha_validate_backward(cfg, a, &fwd, &pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+
+    const int64_t d = pb.d, dv = pb.dv, sk_max = pb.max_sk;
+    /* One (sequence, KV head) per thread: it owns the dk and dv rows of its
+     * keys and the dq rows of its group's query heads, so nothing is shared.
+     * Per thread: a query row's scores s, probabilities p, dropout factors
+     * keep and dP over the keys; its dq; dk and dv of every key. */
+    const int threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
+    const int64_t per_thread = 4 * sk_max + d + sk_max * (d + dv);
+    double *scratch = fmha_malloc(sizeof(double) * (size_t)(per_thread * threads));
+    if (!scratch)
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
+
+    /* Tokens of a packed batch that belong to no sequence get zero gradients. */
+    if (pb.varlen) {
+        const int32_t *cq = a->cu_seqlens_q, *ck = a->cu_seqlens_k;
+        zero_rows(&a->dq, 0, cq[pb.batch], a->q.seqlen);
+        zero_rows(&a->dk, 0, ck[pb.batch], a->k.seqlen);
+        zero_rows(&a->dv, 0, ck[pb.batch], a->v.seqlen);
+    }
+
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(threads)
+    for (int64_t b = 0; b < pb.batch; b++) {
+        for (int64_t hk = 0; hk < pb.kv_heads; hk++) {
+            double *s = scratch + per_thread * omp_get_thread_num();
+            double *p = s + sk_max, *keep = p + sk_max, *dp = keep + sk_max;
+            double *dq = dp + sk_max, *dk = dq + d, *dvv = dk + sk_max * d;
+            int64_t q0, sq, k0, sk;
+            fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
+            const int64_t tb = pb.varlen ? 0 : b;
+            for (int64_t e = 0; e < sk * d; e++)
+                dk[e] = 0.0;
+            for (int64_t e = 0; e < sk * dv; e++)
+                dvv[e] = 0.0;
+            for (int64_t h = hk * pb.group; h < (hk + 1) * pb.group; h++) {
+                for (int64_t i = 0; i < sq; i++) {
+                    const char *qrow = fmha_row(&a->q, tb, q0 + i, h);
+                    const char *dorow = fmha_row(&a->dout, tb, q0 + i, h);
+                    int64_t lo, hi;
+                    fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
+                    /* The forward's scores and softmax, as fmha_reference_forward. */
+                    double m = -INFINITY;
+                    for (int64_t j = lo; j < hi; j++) {
+                        const char *krow = fmha_row(&a->k, tb, k0 + j, hk);
+                        double x = 0.0;
+                        for (int64_t c = 0; c < d; c++)
+                            x += (double)fmha_load_f32(qrow, a->q.dtype, c) *
+                                 (double)fmha_load_f32(krow, a->k.dtype, c);
+                        x *= pb.scale;
+                        s[j] = cfg->softcap > 0.0 ? cfg->softcap * tanh(x / cfg->softcap) : x;
+                        if (s[j] > m)
+                            m = s[j];
+                    }
+                    double l = 0.0;
+                    for (int64_t j = lo; j < hi; j++) {
+                        p[j] = m == -INFINITY && !isnan(s[j]) ? 0.0 : exp(s[j] - m);
+                        l += p[j];
+                    }
+                    /* out = sum_j p_j keep_j v_j with keep_j = 0 or 1 / (1 - dropout_p);
+                     * dP_j = keep_j (dout . v_j); D = sum_j p_j dP_j = dout . out. */
+                    double D = 0.0;
+                    for (int64_t j = lo; j < hi; j++) {
+                        p[j] = l > 0.0 || isnan(l) ? p[j] / l : 0.0;
+                        keep[j] = 1.0;
+                        if (pb.drop_threshold) {
+                            fmha_u32x4 w =
+                                fmha_dropout_words(a->seed, a->offset, b * pb.heads + h, i, j);
+                            keep[j] = w.v[j & 3] < pb.drop_threshold ? 0.0 : pb.drop_rescale;
+                        }
+                        const char *vrow = fmha_row(&a->v, tb, k0 + j, hk);
+                        double dov = 0.0;
+                        for (int64_t c = 0; c < dv; c++)
+                            dov += (double)fmha_load_f32(dorow, a->dout.dtype, c) *
+                                   (double)fmha_load_f32(vrow, a->v.dtype, c);
+                        dp[j] = keep[j] * dov;
+                        D += p[j] * dp[j];
+                    }
+                    for (int64_t c = 0; c < d; c++)
+                        dq[c] = 0.0;
+                    for (int64_t j = lo; j < hi; j++) {
+                        /* dS = P (dP - D); through softcap, ds/dx = 1 - tanh^2. */
+                        double ds = p[j] * (dp[j] - D);
+                        if (cfg->softcap > 0.0)
+                            ds *= 1.0 - (s[j] / cfg->softcap) * (s[j] / cfg->softcap);
+                        ds *= pb.scale;
+                        const char *krow = fmha_row(&a->k, tb, k0 + j, hk);
+                        for (int64_t c = 0; c < d; c++) {
+                            dq[c] += ds * (double)fmha_load_f32(krow, a->k.dtype, c);
+                            dk[j * d + c] += ds * (double)fmha_load_f32(qrow, a->q.dtype, c);
+                        }
+                        const double pd = p[j] * keep[j];
+                        for (int64_t c = 0; c < dv; c++)
+                            dvv[j * dv + c] += pd * (double)fmha_load_f32(dorow, a->dout.dtype, c);
+                    }
+                    store_row(&a->dq, tb, q0 + i, h, dq, d);
+                }
+            }
+            for (int64_t j = 0; j < sk; j++) {
+                store_row(&a->dk, tb, k0 + j, hk, dk + j * d, d);
+                store_row(&a->dv, tb, k0 + j, hk, dvv + j * dv, dv);
+            }
+        }
+    }
+    fmha_free(scratch);
+    return FMHA_STATUS_OK;
 }

@@ -24,7 +24,9 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                                0,                                                    \
                                0,                                                    \
                                -1,                                                   \
-                               1},
+                               1,                                                    \
+                               0,                                                    \
+                               FMHA_KERNEL_ID_##name},
 #define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback, \
                          caches)                                                                  \
     [FMHA_KERNEL_ID_##                                                                            \
@@ -38,7 +40,23 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                  sm90a,                                                                           \
                  FMHA_TMA_##compute,                                                              \
                  FMHA_KERNEL_ID_##fallback,                                                       \
-                 caches},
+                 caches,                                                                          \
+                 0,                                                                               \
+                 FMHA_KERNEL_ID_##name},
+#define FMHA_CPU_BWD_KERNEL(name, isa, compute, inputs, ops)                         \
+    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
+                               isa,                                                  \
+                               NULL,                                                 \
+                               #compute,                                             \
+                               inputs,                                               \
+                               0,                                                    \
+                               65536,                                                \
+                               0,                                                    \
+                               0,                                                    \
+                               -1,                                                   \
+                               0,                                                    \
+                               1,                                                    \
+                               FMHA_KERNEL_ID_##ops},
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1
@@ -48,6 +66,7 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #undef FMHA_KERNEL_ID_NONE
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL
+#undef FMHA_CPU_BWD_KERNEL
 };
 
 /* ------------------------------------------------------------------ knobs */
@@ -131,17 +150,19 @@ fmha_status fmha_knobs_read(const fmha_config *cfg, fmha_knobs *k)
 
 /* --------------------------------------------------------------- chooser */
 
-static int accepts(const fmha_kernel_desc *k, const fmha_config *cfg)
+/* Whether kernel k runs cfg's forward (backward 0) or backward (1). */
+static int accepts(const fmha_kernel_desc *k, const fmha_config *cfg, int backward)
 {
-    return k->info.device == cfg->device && (k->inputs >> cfg->dtype & 1u) &&
-           cfg->head_dim <= k->max_head_dim && cfg->head_dim_v <= k->max_head_dim;
+    return k->backward == backward && k->info.device == cfg->device &&
+           (k->inputs >> cfg->dtype & 1u) && cfg->head_dim <= k->max_head_dim &&
+           cfg->head_dim_v <= k->max_head_dim;
 }
 
-/* The CPU kernel: of those that take cfg's inputs, the one of the highest ISA
- * up to the one asked for (cfg.cpu_isa, else FMHA_CPU_ISA, else the
- * backend's preference). */
+/* The CPU kernel: of those that take cfg's inputs (forward or backward
+ * rows), the one of the highest ISA up to the one asked for (cfg.cpu_isa,
+ * else FMHA_CPU_ISA, else the backend's preference). */
 static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, const fmha_backend *be,
-                              const fmha_kernel_desc **out)
+                              int backward, const fmha_kernel_desc **out)
 {
     fmha_cpu_isa want = cfg->cpu_isa != FMHA_CPU_ISA_AUTO ? cfg->cpu_isa : kn->cpu_isa;
     if (want == FMHA_CPU_ISA_AUTO)
@@ -154,12 +175,14 @@ static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, cons
     *out = NULL;
     for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
         const fmha_kernel_desc *k = &fmha_kernels[i];
-        if (accepts(k, cfg) && k->level <= (int)want && (!*out || k->level > (*out)->level))
+        if (accepts(k, cfg, backward) && k->level <= (int)want &&
+            (!*out || k->level > (*out)->level))
             *out = k;
     }
-    if (!*out) /* the scalar kernel takes every input */
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no CPU kernel takes %s inputs",
-                              fmha_dtype_name(cfg->dtype));
+    if (!*out) /* the scalar kernels take every input they can */
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no CPU %s kernel takes %s inputs%s",
+                              backward ? "backward" : "forward", fmha_dtype_name(cfg->dtype),
+                              backward ? ": the backward takes f32, f16 or bf16 q, k, v" : "");
     return FMHA_STATUS_OK;
 }
 
@@ -167,18 +190,24 @@ static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, cons
  * are of FMHA_CUDA_KERNEL's family, where it names one), the one of the
  * highest compute capability. */
 static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, const fmha_backend *be,
-                               const fmha_kernel_desc **out)
+                               int backward, const fmha_kernel_desc **out)
 {
     int takes_dtype = 0, takes_dims = 0, family_here = 0;
     int64_t max_d = 0;
     for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
         const fmha_kernel_desc *k = &fmha_kernels[i];
-        if (k->info.device != FMHA_DEVICE_CUDA || !(k->inputs >> cfg->dtype & 1u))
+        if (k->info.device != FMHA_DEVICE_CUDA || k->backward != backward ||
+            !(k->inputs >> cfg->dtype & 1u))
             continue;
         takes_dtype = 1;
         max_d = k->max_head_dim > max_d ? k->max_head_dim : max_d;
-        takes_dims |= accepts(k, cfg);
+        takes_dims |= accepts(k, cfg, backward);
     }
+    if (!takes_dtype && backward)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "no CUDA backward kernel takes %s inputs: run the backward on "
+                              "device cpu",
+                              fmha_dtype_name(cfg->dtype));
     if (!takes_dtype)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "CUDA kernels take f16 or bf16 q, k, v, or f8_e4m3 on Hopper (got "
@@ -199,13 +228,14 @@ static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, con
      * inputs have one kernel). */
     const char *family = kn->cuda_family;
     for (int i = 0; family && i < FMHA_KERNEL_COUNT; i++)
-        family_here |= accepts(&fmha_kernels[i], cfg) && !strcmp(fmha_kernels[i].family, family);
+        family_here |=
+            accepts(&fmha_kernels[i], cfg, backward) && !strcmp(fmha_kernels[i].family, family);
     if (!family_here)
         family = NULL;
     *out = NULL;
     for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
         const fmha_kernel_desc *k = &fmha_kernels[i];
-        if (accepts(k, cfg) && k->level <= level && (!k->sm90a || sm90a) &&
+        if (accepts(k, cfg, backward) && k->level <= level && (!k->sm90a || sm90a) &&
             (!family || !strcmp(k->family, family)) && (!*out || k->level > (*out)->level))
             *out = k;
     }
@@ -222,17 +252,24 @@ static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, con
                           fmha_dtype_name(cfg->dtype));
 }
 
-/* The kernel for plan->cfg, and its variant. */
-static fmha_status choose(fmha_plan *plan)
+/* The forward (backward 0) or backward (1) kernel for plan->cfg, and its
+ * variant. A backend without a backward operation has no backward at all. */
+static fmha_status choose(fmha_plan *plan, int backward)
 {
     const fmha_backend *be = fmha_backend_of(plan->cfg.device);
     if (!be)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "this fmha was built without a CUDA backend (no nvcc at build "
                               "time): use device cpu");
+    if (backward && !be->backward)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "the %s backward is not built yet: run fmha_backward on a layer "
+                              "of device cpu (host copies of the tensors); the %s forward is "
+                              "unaffected",
+                              be->name, be->name);
     fmha_status st = plan->cfg.device == FMHA_DEVICE_CPU
-                         ? choose_cpu(&plan->cfg, &plan->knobs, be, &plan->kernel)
-                         : choose_cuda(&plan->cfg, &plan->knobs, be, &plan->kernel);
+                         ? choose_cpu(&plan->cfg, &plan->knobs, be, backward, &plan->kernel)
+                         : choose_cuda(&plan->cfg, &plan->knobs, be, backward, &plan->kernel);
     if (st != FMHA_STATUS_OK)
         return st;
     plan->cluster = 1;
@@ -253,7 +290,7 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
     fmha_status st = FMHA_STATUS_UNSUPPORTED;
     if (plan->knobs.fp8_attn_off) {
         snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
-    } else if ((st = choose(plan)) == FMHA_STATUS_OK && per_block &&
+    } else if ((st = choose(plan, 0)) == FMHA_STATUS_OK && per_block &&
                !(plan->kernel->descales & FMHA_DL_PER_BLOCK)) {
         st = FMHA_STATUS_UNSUPPORTED;
         snprintf(why, sizeof why, "%s takes per-tensor or per-KV-head descales, not per-block ones",
@@ -276,7 +313,7 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
         return st;
     }
     plan->cfg.dtype = cfg->dtype;
-    if ((st = choose(plan)) != FMHA_STATUS_OK)
+    if ((st = choose(plan, 0)) != FMHA_STATUS_OK)
         return st;
     plan->path = FMHA_LAYER_PATH_FP8_FALLBACK;
     snprintf(plan->reason, sizeof plan->reason,
@@ -297,7 +334,7 @@ fmha_status fmha_plan_make(const fmha_config *cfg, fmha_plan *plan)
         return st;
     if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
         return choose_fp8(cfg, plan);
-    if ((st = choose(plan)) != FMHA_STATUS_OK)
+    if ((st = choose(plan, 0)) != FMHA_STATUS_OK)
         return st;
     plan->path = FMHA_LAYER_PATH_DIRECT;
     snprintf(plan->reason, sizeof plan->reason, "fp8_compute is off: q, k, v run as %s on %s",
@@ -315,6 +352,37 @@ fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info *info)
     if (!info)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
     *info = plan.kernel->info;
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_plan_backward(const fmha_plan *fwd, fmha_plan *bwd)
+{
+    *bwd = *fwd;
+    if (fwd->path == FMHA_LAYER_PATH_FP8) /* a fallback layer ran cfg.dtype: it has one */
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "fp8_compute layers have no backward (the quantizer has no "
+                              "gradient): run the backward on a layer with fp8_compute off");
+    if (fwd->cfg.dtype == FMHA_DTYPE_F8_E4M3)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "f8_e4m3 inputs have no backward: train on f32, f16 or bf16 q, k, v");
+    fmha_status st = choose(bwd, 1);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    snprintf(bwd->reason, sizeof bwd->reason, "backward of %s q, k, v on %s",
+             fmha_dtype_name(bwd->cfg.dtype), bwd->kernel->info.name);
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_kernel_select_backward(const fmha_config *cfg, fmha_kernel_info *info)
+{
+    fmha_clear_error();
+    fmha_plan plan, bwd;
+    fmha_status st = fmha_plan_make(cfg, &plan);
+    if (st != FMHA_STATUS_OK || (st = fmha_plan_backward(&plan, &bwd)) != FMHA_STATUS_OK)
+        return st;
+    if (!info)
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "kernel info out-pointer is NULL");
+    *info = bwd.kernel->info;
     return FMHA_STATUS_OK;
 }
 

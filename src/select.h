@@ -17,6 +17,11 @@ int fmha_fp8_two_level(fmha_fp8_accum accum, int64_t max_sk);
  * and fmha_layer_init both call it). */
 fmha_status fmha_plan_make(const fmha_config *cfg, fmha_plan *plan);
 
+/* The backward plan of a layer's (forward) plan: its backward kernel from
+ * kernels.def's backward rows, chosen by the same rules, or UNSUPPORTED and
+ * why (fp8_compute, f8_e4m3 inputs, a backend without a backward). */
+fmha_status fmha_plan_backward(const fmha_plan *fwd, fmha_plan *bwd);
+
 /* The plan for one validated call: `call` = *plan, refined by the call's
  * facts — a TMA kernel's fallback where the views' rows are not 16-byte
  * aligned (or UNSUPPORTED where it has none), descale layouts the kernel does

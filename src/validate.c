@@ -61,6 +61,8 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
         return INVALID("fp8_compute (%d) is not a fmha_fp8_compute value", (int)cfg->fp8_compute);
     if (cfg->check_finite != 0 && cfg->check_finite != 1)
         return INVALID("check_finite (%d) must be 0 or 1", cfg->check_finite);
+    if (cfg->deterministic != 0 && cfg->deterministic != 1)
+        return INVALID("deterministic (%d) must be 0 or 1", cfg->deterministic);
     if (cfg->fp8_smooth_k != 0 && cfg->fp8_smooth_k != 1)
         return INVALID("fp8_smooth_k (%d) must be 0 or 1", cfg->fp8_smooth_k);
     if (cfg->fp8_smooth_k && cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF && cfg->softcap != 0)
@@ -126,33 +128,33 @@ static fmha_status check_tensor(const fmha_tensor *t, const char *name, int may_
     return FMHA_STATUS_OK;
 }
 
-fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
-{
-    return check_tensor(t, name, 0);
-}
-
 /* Rows of an output that share memory would each be written by whichever
  * task comes last, so the result would depend on the thread schedule. Along
  * one dim the overlap is certain when the stride is below the row's length
  * (0: a broadcast view, which suits inputs only); overlaps across two dims
  * are not looked for (fmha.h). */
-static fmha_status check_out_rows(const fmha_tensor *o, const char *name)
+static fmha_status check_rows_disjoint(const fmha_tensor *t, const char *name)
 {
-    const int64_t dims[3] = {o->batch, o->seqlen, o->heads};
-    const int64_t strides[3] = {o->stride_batch, o->stride_seq, o->stride_head};
+    const int64_t dims[3] = {t->batch, t->seqlen, t->heads};
+    const int64_t strides[3] = {t->stride_batch, t->stride_seq, t->stride_head};
     const char *dim_names[3] = {"batch", "seqlen", "heads"};
     const char *stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
-    if (o->batch == 0 || o->seqlen == 0) /* no row at all */
+    if (t->batch == 0 || t->seqlen == 0) /* no row at all */
         return FMHA_STATUS_OK;
     for (int i = 0; i < 3; i++)
-        if (dims[i] > 1 && strides[i] < o->head_dim)
+        if (dims[i] > 1 && strides[i] < t->head_dim)
             return INVALID("%s.%s (%lld) is below %s.head_dim (%lld) with %s.%s %lld: rows of "
                            "%s would overlap, and what they hold would depend on the order of "
                            "the writes; give each row of %s its own memory",
                            name, stride_names[i], (long long)strides[i], name,
-                           (long long)o->head_dim, name, dim_names[i], (long long)dims[i], name,
+                           (long long)t->head_dim, name, dim_names[i], (long long)dims[i], name,
                            name);
     return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_tensor(const fmha_tensor *t, const char *name)
+{
+    return check_tensor(t, name, 0);
 }
 
 static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total, const char *name,
@@ -277,7 +279,7 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         return INVALID("v.head_dim (%lld) and out.head_dim (%lld) must equal head_dim_v (%lld)",
                        (long long)a->v.head_dim, (long long)a->out.head_dim,
                        (long long)cfg->head_dim_v);
-    if ((st = check_out_rows(&a->out, "out")) != FMHA_STATUS_OK)
+    if ((st = check_rows_disjoint(&a->out, "out")) != FMHA_STATUS_OK)
         return st;
     if (a->q.batch != a->k.batch || a->q.batch != a->v.batch || a->q.batch != a->out.batch)
         return INVALID("batch sizes differ: q %lld, k %lld, v %lld, out %lld",
@@ -541,7 +543,7 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
                            fmha_dtype_name(ts[i]->dtype), fmha_dtype_name(cfg->dtype));
     if (a->out.dtype == FMHA_DTYPE_F8_E4M3)
         return INVALID("out.dtype f8_e4m3 is not an output dtype: use f32, f16 or bf16");
-    if ((st = check_out_rows(&a->out, "out")) != FMHA_STATUS_OK)
+    if ((st = check_rows_disjoint(&a->out, "out")) != FMHA_STATUS_OK)
         return st;
     const int64_t want_heads[6] = {cfg->num_heads,    cfg->num_heads,    cfg->num_kv_heads,
                                    cfg->num_kv_heads, cfg->num_kv_heads, cfg->num_kv_heads};
@@ -627,7 +629,7 @@ fmha_status fmha_validate_merge(int num_parts, const fmha_tensor *parts, const f
         return st;
     if (!is_float_dtype(out->dtype))
         return INVALID("out.dtype (%s) must be f32, f16 or bf16", fmha_dtype_name(out->dtype));
-    if ((st = check_out_rows(out, "out")) != FMHA_STATUS_OK)
+    if ((st = check_rows_disjoint(out, "out")) != FMHA_STATUS_OK)
         return st;
     const int empty = out->batch == 0 || out->seqlen == 0;
     int64_t rows;
@@ -784,4 +786,77 @@ fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, i
     pb->text0 = a->joint == FMHA_SP_JOINT_REAR ? a->seqlen : 0;
     pb->local = mine.total;
     return FMHA_STATUS_OK;
+}
+
+/* A gradient's view, or dout's: f32, f16 or bf16, the shape of the tensor it
+ * belongs to (`like`, named `of`). */
+static fmha_status check_grad(const fmha_tensor *g, const char *name, const fmha_tensor *like,
+                              const char *of)
+{
+    fmha_status st = check_tensor(g, name, 1);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (g->dtype == FMHA_DTYPE_F8_E4M3)
+        return INVALID("%s.dtype f8_e4m3 is not a gradient dtype: use f32, f16 or bf16", name);
+    if (g->batch != like->batch || g->seqlen != like->seqlen || g->heads != like->heads ||
+        g->head_dim != like->head_dim)
+        return INVALID("%s has shape [%lld, %lld, %lld, %lld], but %s's is [%lld, %lld, %lld, "
+                       "%lld]: %s must have %s's shape",
+                       name, (long long)g->batch, (long long)g->seqlen, (long long)g->heads,
+                       (long long)g->head_dim, of, (long long)like->batch, (long long)like->seqlen,
+                       (long long)like->heads, (long long)like->head_dim, name, of);
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_backward_args(const fmha_config *cfg, const fmha_backward_args *b,
+                                        fmha_forward_args *fwd, fmha_problem *pb)
+{
+    if (!b)
+        return INVALID("backward args are NULL");
+    memset(fwd, 0, sizeof *fwd);
+    fwd->q = b->q;
+    fwd->k = b->k;
+    fwd->v = b->v;
+    fwd->out = b->out;
+    fwd->lse = (float *)b->lse; /* read, never written, by a backward */
+    fwd->cu_seqlens_q = b->cu_seqlens_q;
+    fwd->cu_seqlens_k = b->cu_seqlens_k;
+    fwd->varlen_batch = b->varlen_batch;
+    fwd->max_seqlen_q = b->max_seqlen_q;
+    fwd->max_seqlen_k = b->max_seqlen_k;
+    fwd->seed = b->seed;
+    fwd->offset = b->offset;
+    fwd->stream = b->stream;
+    fmha_status st = fmha_validate_args(cfg, fwd, pb);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    if (!b->lse)
+        return INVALID("lse is NULL: the backward needs the LSE the forward wrote (pass an lse "
+                       "buffer to the forward and the same one here)");
+    if ((st = check_grad(&b->dout, "dout", &b->out, "out")) != FMHA_STATUS_OK)
+        return st;
+    const fmha_tensor *gs[3] = {&b->dq, &b->dk, &b->dv}, *of[3] = {&b->q, &b->k, &b->v};
+    const char *names[3] = {"dq", "dk", "dv"}, *of_names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        if (!gs[i]->data) /* not wanted */
+            continue;
+        if ((st = check_grad(gs[i], names[i], of[i], of_names[i])) != FMHA_STATUS_OK ||
+            (st = check_rows_disjoint(gs[i], names[i])) != FMHA_STATUS_OK)
+            return st;
+    }
+    pb->bwd = b;
+    return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_backward(const fmha_config *cfg, const fmha_backward_args *b,
+                                   fmha_forward_args *fwd, fmha_problem *pb)
+{
+    fmha_status st = fmha_validate_config(cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    /* Backward args carry no descales: codes alone are not the inputs' values. */
+    if (cfg->dtype == FMHA_DTYPE_F8_E4M3)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "f8_e4m3 inputs have no backward: train on f32, f16 or bf16 q, k, v");
+    return fmha_validate_backward_args(cfg, b, fwd, pb);
 }

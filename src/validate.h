@@ -18,6 +18,13 @@ fmha_status fmha_validate_config(const fmha_config *cfg);
 fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *args,
                                fmha_problem *pb);
 
+/* Checks a backward call: its q, k, v, out, lse and lengths as a forward's
+ * (fwd is filled with them and must outlive pb, which points to it), then
+ * lse (required), dout and each wanted gradient's dtype and shape. Fills pb,
+ * pb->bwd = b. */
+fmha_status fmha_validate_backward_args(const fmha_config *cfg, const fmha_backward_args *b,
+                                        fmha_forward_args *fwd, fmha_problem *pb);
+
 /* Both of the above, for callers that hold no plan (the reference). */
 fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *args,
                                   fmha_problem *pb);
@@ -27,6 +34,11 @@ fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_arg
  * caches as k and v, out and lse. Nothing is written. */
 fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args *a,
                                  fmha_forward_args *fwd, fmha_problem *pb);
+
+/* Config and backward args, for the reference, which holds no plan (and so
+ * refuses f8_e4m3 inputs here, as the chooser does for the layers). */
+fmha_status fmha_validate_backward(const fmha_config *cfg, const fmha_backward_args *b,
+                                   fmha_forward_args *fwd, fmha_problem *pb);
 
 /* Checks the arguments of an FP8 quantization, for every backend, and fills
  * `g`. The values of x are not read here: the CPU quantizer refuses

@@ -177,6 +177,9 @@ expect 2 "--scale 'inf' is not a finite number" -- "$FMHA" run --model flux-1024
 expect 1 "q \[2147483647, 2147483647, 16, 128\] has more than 2^60 elements" -- "$FMHA" bench --batch 2147483647 --seqlen 2147483647
 expect 1 "has more than 2^60 elements" -- "$FMHA" run --model llama3-8b --batch 2147483647 --seqlen 2147483647
 expect 0 "GFLOP/s" -- "$FMHA" bench --seqlen 64 --heads 1 --head-dim 32 --iters 300
+expect 0 "bf16  cpu_[a-z0-9]*_f32_bwd .* the forward" -- "$FMHA" bench --seqlen 70 --heads 3 --kv-heads 1 --head-dim 40 --iters 2 --backward --causal
+expect 0 "fwd+bwd" -- "$FMHA" bench --seqlen 33 --heads 2 --head-dim 16 --iters 2 --backward --dtype f16
+expect 2 "FP8 attention has no backward" -- "$FMHA" bench --seqlen 33 --iters 2 --backward --dtype fp8
 expect 1 "FMHA_CPU_ISA=sse9" -- env FMHA_CPU_ISA=sse9 "$FMHA" run --model flux-1024 --seqlen 32
 
 # ---- FP8: a bf16 source quantized per tensor, checked on the dequantized inputs

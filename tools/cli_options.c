@@ -122,7 +122,8 @@ enum {
     OPT_JSON,
     OPT_ITERS,
     OPT_NO_CAUSAL,
-    OPT_CHECK_FINITE
+    OPT_CHECK_FINITE,
+    OPT_BACKWARD
 };
 
 int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t errlen)
@@ -139,6 +140,7 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
                                              {"causal", no_argument, 0, OPT_CAUSAL},
                                              {"no-causal", no_argument, 0, OPT_NO_CAUSAL},
                                              {"check-finite", no_argument, 0, OPT_CHECK_FINITE},
+                                             {"backward", no_argument, 0, OPT_BACKWARD},
                                              {"window-left", required_argument, 0, OPT_WL},
                                              {"window-right", required_argument, 0, OPT_WR},
                                              {"scale", required_argument, 0, OPT_SCALE},
@@ -253,6 +255,7 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
             break;
         case OPT_CHECK: o->check = 1; break;
         case OPT_CHECK_FINITE: o->check_finite = 1; break;
+        case OPT_BACKWARD: o->backward = 1; break;
         case OPT_JSON: o->json = 1; break;
         case OPT_ITERS:
             if (parse_int(optarg, "--iters", 1, CLI_MAX_ITERS, &v, err, errlen))

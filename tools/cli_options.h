@@ -66,6 +66,7 @@ typedef struct cli_options {
     uint64_t seed;
     fmha_device device;
     int threads, check, json, iters, check_finite;
+    int backward;   /* bench: time the backward too */
     unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } cli_options;
 

@@ -46,7 +46,9 @@ static const char usage_text[] =
     "      runs FP8 attention (CPU, or Hopper GPUs); the check is on the dequantized inputs.\n"
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
     "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
-    "      [--iters N] [--json]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
+    "      [--iters N] [--json] [--backward]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
+    "      --backward also times the backward (CPU) and forward + backward, with the\n"
+    "      forward in the same loop; backward FLOPs are 2.5x the forward's\n"
     "  accuracy [--model PRESET | shape options as bench] [--causal] [--threads N] [--seed N]\n"
     "      relative L2 error of FP8 attention against the float64 reference and the bf16\n"
     "      path, on Gaussian inputs and on K with outlier channels (scaled or offset), for each\n"
@@ -965,6 +967,123 @@ done:
     return rc;
 }
 
+/* --backward: the backward of dtype `dt` on the host, and the forward beside
+ * it, timed in turn in one loop; one line for the backward, one for forward
+ * + backward. FLOPs: the backward counts 2.5 forwards (FlashAttention's
+ * benchmarks' convention: five products of the forward's two), so fwd+bwd
+ * 3.5. */
+static int bench_backward(const options *o, const bench_shape *s, fmha_dtype dt, double peak_f32)
+{
+    options oo = *o;
+    oo.dtype = dt;
+    oo.causal = s->causal;
+    fmha_config cfg;
+    config_from_options(&oo, &cfg, s->heads, s->kv, s->d, s->d);
+    fmha_kernel_info kinfo;
+    fmha_status st = fmha_kernel_select_backward(&cfg, &kinfo);
+    if (st != FMHA_STATUS_OK)
+        return fail_lib("no backward for this configuration", st);
+    fmha_layer *layer;
+    if ((st = fmha_layer_init(&layer, &cfg)) != FMHA_STATUS_OK)
+        return fail_lib("invalid configuration", st);
+    const int64_t nq = s->batch * s->sq * s->heads * s->d, nk = s->batch * s->sk * s->kv * s->d;
+    const size_t es = fmha_dtype_size(dt);
+    rng_state = 1;
+    void *q = alloc_random(dt, nq), *k = alloc_random(dt, nk), *v = alloc_random(dt, nk);
+    void *dout = alloc_random(dt, nq), *out = malloc((size_t)nq * es);
+    void *dq = malloc((size_t)nq * es), *dk = malloc((size_t)nk * es),
+         *dv = malloc((size_t)nk * es);
+    float *lse = malloc(sizeof(float) * (size_t)(s->batch * s->heads * s->sq));
+    double *times = NULL;
+    int rc = 1;
+    if (!q || !k || !v || !dout || !out || !dq || !dk || !dv || !lse) {
+        fprintf(stderr, "fmha: out of memory for the benchmark inputs\n");
+        goto done;
+    }
+    fmha_forward_args f = {0};
+    f.q = fmha_tensor_bshd(q, dt, s->batch, s->sq, s->heads, s->d);
+    f.k = fmha_tensor_bshd(k, dt, s->batch, s->sk, s->kv, s->d);
+    f.v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
+    f.out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
+    f.lse = lse;
+    f.seed = o->seed;
+    fmha_backward_args b = {
+        .q = f.q, .k = f.k, .v = f.v, .out = f.out, .lse = lse, .seed = o->seed};
+    b.dout = fmha_tensor_bshd(dout, dt, s->batch, s->sq, s->heads, s->d);
+    b.dq = fmha_tensor_bshd(dq, dt, s->batch, s->sq, s->heads, s->d);
+    b.dk = fmha_tensor_bshd(dk, dt, s->batch, s->sk, s->kv, s->d);
+    b.dv = fmha_tensor_bshd(dv, dt, s->batch, s->sk, s->kv, s->d);
+    double t0 = now_s();
+    if ((st = fmha_layer_forward(layer, &f)) != FMHA_STATUS_OK) {
+        rc = fail_lib("attention failed", st);
+        goto done;
+    }
+    double t1 = now_s();
+    if ((st = fmha_layer_backward(layer, &b)) != FMHA_STATUS_OK) { /* and warm-up */
+        rc = fail_lib("backward failed", st);
+        goto done;
+    }
+    const double one = now_s() - t1 + (t1 - t0);
+    int iters = o->iters;
+    if (!iters) {
+        const double n = one > 0 ? 2.0 / one : 100; /* about two seconds */
+        iters = n < 3 ? 3 : n > 100 ? 100 : (int)n;
+    }
+    times = malloc(sizeof(double) * 2 * (size_t)iters);
+    if (!times) {
+        fprintf(stderr, "fmha: out of memory for %d timings\n", iters);
+        goto done;
+    }
+    for (int i = 0; i < iters; i++) {
+        t0 = now_s();
+        fmha_layer_forward(layer, &f);
+        t1 = now_s();
+        fmha_layer_backward(layer, &b);
+        times[i] = t1 - t0;
+        times[iters + i] = now_s() - t1;
+    }
+    qsort(times, (size_t)iters, sizeof times[0], cmp_double);
+    qsort(times + iters, (size_t)iters, sizeof times[0], cmp_double);
+    const double fwd = times[iters / 2], bwd = times[iters + iters / 2];
+    const double flops = fmha_flops(&cfg, s->batch, s->sq, s->sk);
+    const double g_bwd = 2.5 * flops / bwd * 1e-9, g_all = 3.5 * flops / (fwd + bwd) * 1e-9;
+    char shape[160];
+    snprintf(shape, sizeof shape, "[%lld, %lld, %lld, %lld] kv %lld sk %lld%s", (long long)s->batch,
+             (long long)s->sq, (long long)s->heads, (long long)s->d, (long long)s->kv,
+             (long long)s->sk, s->causal ? " causal" : "");
+    if (o->json) {
+        printf("{\"shape\": \"%s\", \"dtype\": \"%s\", \"kernel\": \"%s\", \"threads\": %d, "
+               "\"iters\": %d, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"bwd_gflops\": %.2f, "
+               "\"fwd_bwd_gflops\": %.2f, \"peak_gflops\": %.2f}\n",
+               shape, fmha_dtype_name(dt), kinfo.name,
+               o->threads ? o->threads : omp_get_max_threads(), iters, fwd * 1e3, bwd * 1e3, g_bwd,
+               g_all, peak_f32);
+    } else {
+        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of f32 FMA peak (%.0f), %.2fx "
+               "the forward\n",
+               shape, fmha_dtype_name(dt), kinfo.name, bwd * 1e3, g_bwd,
+               peak_f32 > 0 ? 100 * g_bwd / peak_f32 : 0, peak_f32, bwd / fwd);
+        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of f32 FMA peak (fwd+bwd)\n", "",
+               fmha_dtype_name(dt), "", (fwd + bwd) * 1e3, g_all,
+               peak_f32 > 0 ? 100 * g_all / peak_f32 : 0);
+    }
+    fflush(stdout);
+    rc = 0;
+done:
+    fmha_layer_free(layer);
+    free(times);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(lse);
+    return rc;
+}
+
 /* The shape of `bench` and `accuracy`: a preset or explicit sizes over `s`'s
  * defaults. 0, EXIT_USAGE for an unknown preset, 1 for a shape too large. */
 static int shape_from_options(const options *o, bench_shape *s)
@@ -1021,6 +1140,11 @@ static int cmd_bench(int argc, char **argv)
             printf("measured peaks on %d threads: f32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s\n",
                    threads, peak_f32, peak_bf16);
     }
+    if (o.backward && o.dtype_set && o.dtype == FMHA_DTYPE_F8_E4M3) {
+        fprintf(stderr, "fmha: bench --backward: FP8 attention has no backward; use --dtype "
+                        "f32, f16 or bf16\n");
+        return EXIT_USAGE;
+    }
     if (o.dtype_set && o.dtype == FMHA_DTYPE_F8_E4M3) {
         int rc = bench_one(&o, &s, FMHA_DTYPE_F8_E4M3, 0, peak_f32, peak_bf16);
         rc = rc ? rc : bench_one(&o, &s, FMHA_DTYPE_BF16, 1, peak_f32, peak_bf16);
@@ -1029,10 +1153,20 @@ static int cmd_bench(int argc, char **argv)
                    "layer with fp8_compute, quantizing on every call\n");
         return rc;
     }
-    if (o.dtype_set)
-        return bench_one(&o, &s, o.dtype, 0, peak_f32, peak_bf16);
-    int rc = bench_one(&o, &s, FMHA_DTYPE_F32, 0, peak_f32, peak_bf16);
-    return rc ? rc : bench_one(&o, &s, FMHA_DTYPE_BF16, 0, peak_f32, peak_bf16);
+    if (o.backward && o.device != FMHA_DEVICE_CPU) {
+        fprintf(stderr, "fmha: bench --backward runs on the CPU only: the CUDA backward is not "
+                        "built yet\n");
+        return EXIT_USAGE;
+    }
+    const fmha_dtype dts[2] = {FMHA_DTYPE_F32, FMHA_DTYPE_BF16};
+    int rc = 0;
+    for (int i = o.dtype_set ? 1 : 0; i < 2 && !rc; i++) {
+        const fmha_dtype dt = o.dtype_set ? o.dtype : dts[i];
+        rc = bench_one(&o, &s, dt, 0, peak_f32, peak_bf16);
+        if (!rc && o.backward)
+            rc = bench_backward(&o, &s, dt, peak_f32);
+    }
+    return rc;
 }
 
 /* --------------------------------------------------------- fmha accuracy */

@@ -5,14 +5,17 @@ torch tensors (CPU and CUDA) and anything with __dlpack__.
     q = np.random.randn(1, 128, 8, 64).astype(np.float32)   # [B, S, H, D]
     out = fmha.attention(q, q, q, causal=True)               # [B, S, H, D]
 
-attention / varlen_attention / kvcache_attention (decode) are the functions, Attention the layer object,
+attention / varlen_attention / kvcache_attention (decode) are the functions
+(attention_backward / varlen_attention_backward their gradients; torch inputs
+that require grad go through torch.autograd), Attention the layer object,
 fmha.flash_attn holds flash_attn 2.x-compatible functions (also exported
 here). libfmha's errors raise InvalidArgumentError (a ValueError),
 UnsupportedError (a NotImplementedError), OutOfMemoryError (a MemoryError) or
 BackendError (a RuntimeError), all FmhaError, with the library's message.
 """
 from . import _lib
-from ._api import Attention, attention, kvcache_attention, manual_seed, varlen_attention
+from ._api import (Attention, attention, attention_backward, kvcache_attention, manual_seed,
+                   varlen_attention, varlen_attention_backward)
 from ._lib import (BackendError, FmhaError, InvalidArgumentError, OutOfMemoryError,
                    UnsupportedError)
 from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
@@ -25,7 +28,8 @@ try:
 except Exception:  # used from a source tree, not installed
     __version__ = "0+unknown"
 
-__all__ = ["attention", "varlen_attention", "kvcache_attention", "Attention", "manual_seed", "info",
+__all__ = ["attention", "varlen_attention", "kvcache_attention", "attention_backward",
+           "varlen_attention_backward", "Attention", "manual_seed", "info",
            "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
            "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "FmhaError", "InvalidArgumentError",

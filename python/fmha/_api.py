@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 
+from . import _autograd
 from . import _lib
 from . import _tensors as T
 
@@ -95,8 +96,9 @@ class _Options:
     any truthy object as a flag), and for value by libfmha."""
 
     def __init__(self, causal, softmax_scale, window, softcap, dropout_p, fp8=None,
-                 fp8_smooth_k=False, check_finite=False):
+                 fp8_smooth_k=False, check_finite=False, deterministic=False):
         self.causal = T.flag(causal, "causal")
+        self.deterministic = T.flag(deterministic, "deterministic")
         self.check_finite = T.flag(check_finite, "check_finite")
         if fp8 not in _FP8_MODES:
             raise ValueError("fp8 must be None, 'per_tensor' or 'per_block', got %r" % (fp8,))
@@ -132,6 +134,7 @@ class _Options:
         cfg.fp8_compute = _FP8_MODES[self.fp8]
         cfg.fp8_smooth_k = int(self.fp8_smooth_k)
         cfg.check_finite = int(self.check_finite)
+        cfg.deterministic = int(self.deterministic)
         return cfg
 
 
@@ -261,7 +264,8 @@ def _answer_empty(cfg, q, out, lse, layer_for):
 
 def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
     return_lse = T.flag(return_lse, "return_lse")
-    T.check_no_grad(q, k, v)
+    if T.needs_grad(q, k, v):
+        return _autograd.padded(q, k, v, opts, out, return_lse, seed, layer_for, descales)
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
     T.same_device(qv, kv, vv)
     _check_fp8_dtypes(qv, kv, vv)
@@ -288,7 +292,9 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
             return_lse, seed, layer_for=None, descales=(None,) * 3):
     return_lse = T.flag(return_lse, "return_lse")
-    T.check_no_grad(q, k, v)
+    if T.needs_grad(q, k, v):
+        return _autograd.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                opts, out, return_lse, seed, layer_for, descales)
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     T.same_device(qv, kv, vv)
     _check_fp8_dtypes(qv, kv, vv)
@@ -317,6 +323,140 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
     # the index and descale arrays (maybe converted copies) lived through the call
     del cuq, cuk, descales
     return (out, lse) if return_lse else out
+
+
+# ------------------------------------------------------------------ the backward
+
+
+def _backward_seed(seed, dropout_p):
+    """The forward's dropout seed, which the backward needs to draw the same
+    mask again: it cannot be drawn here."""
+    if not dropout_p:
+        return 0
+    if seed is None:
+        raise ValueError("dropout_p > 0: the backward needs the seed the forward used (pass "
+                         "seed=... to both; a forward with seed=None draws one it does not "
+                         "return)")
+    seed = T.index(seed, "seed")
+    if not 0 <= seed < 2**64:
+        raise ValueError("seed (%d) must be in [0, 2^64)" % seed)
+    return seed
+
+
+def _grad_views(given, need, refs):
+    """(objects, views) of dq, dk, dv: `given` arrays written in place, else
+    new ones of q's type and dtype; None where not needed."""
+    objs, views = [], []
+    for name, g, wanted, ref in zip(("dq", "dk", "dv"), given, need, refs):
+        if not wanted:
+            objs.append(None)
+            views.append(None)
+            continue
+        if g is None:
+            g = T.empty(ref, ref.shape)
+        gv = T.view(g, name, len(ref.shape), writable=True)
+        if gv.shape != ref.shape:
+            raise ValueError("%s has shape %s, expected %s (%s's)"
+                             % (name, list(gv.shape), list(ref.shape), ref.name))
+        T.same_device(ref, gv)
+        objs.append(g)
+        views.append(gv)
+    return objs, views
+
+
+def _run_backward(cfg, layer, views, lse_ptr, grads, seed, varlen=None):
+    """Fills BackwardArgs and runs one backward, on `layer` or one-shot."""
+    qv, kv, vv, ov, gv = views
+    a = _lib.BackwardArgs()
+    a.q, a.k, a.v, a.out, a.dout = qv.tensor(), kv.tensor(), vv.tensor(), ov.tensor(), gv.tensor()
+    a.lse = lse_ptr
+    a.dq, a.dk, a.dv = (g.tensor() if g is not None else _lib.Tensor() for g in grads)
+    if varlen is not None:
+        (a.cu_seqlens_q, a.cu_seqlens_k, a.varlen_batch, a.max_seqlen_q,
+         a.max_seqlen_k) = varlen
+    a.seed = seed
+    a.offset = 0
+    with _cuda_context(qv) as stream:
+        a.stream = stream
+        if layer is not None:
+            layer.backward(a)
+        else:
+            _lib.raise_for_status(_lib.fmha_backward(cfg, a))
+
+
+def _padded_backward(dout, q, k, v, out, lse, opts, seed, given=(None,) * 3, need=(True,) * 3,
+                     layer_for=None):
+    qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
+    ov, gv = T.view(out, "out", 4), T.view(dout, "dout", 4)
+    T.same_device(qv, kv, vv, ov, gv)
+    B, Sq, H, D = qv.shape
+    Hkv, Dv = kv.shape[2], vv.shape[3]
+    lse, lse_ptr = T.lse_arg(lse, (B, H, Sq), qv)
+    objs, grads = _grad_views(given, need, (qv, kv, vv))
+    cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
+    seed = _backward_seed(seed, opts.dropout_p)
+    layer = layer_for(cfg, qv) if layer_for else None
+    _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed)
+    del lse  # a converted copy lived through the call
+    return tuple(objs)
+
+
+def _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, opts, seed, given=(None,) * 3, need=(True,) * 3,
+                     layer_for=None):
+    qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
+    ov, gv = T.view(out, "out", 3), T.view(dout, "dout", 3)
+    T.same_device(qv, kv, vv, ov, gv)
+    Tq, H, D = qv.shape
+    Hkv, Dv = kv.shape[1], vv.shape[2]
+    cuq, cuq_ptr, nq = T.cu_seqlens(cu_seqlens_q, "cu_seqlens_q", qv)
+    cuk, cuk_ptr, nk = T.cu_seqlens(cu_seqlens_k, "cu_seqlens_k", qv)
+    if nq != nk or nq < 2:
+        raise ValueError("cu_seqlens_q (%d entries) and cu_seqlens_k (%d entries) must both "
+                         "hold batch + 1 >= 2 entries" % (nq, nk))
+    max_q = 0 if max_seqlen_q is None else T.int64(max_seqlen_q, "max_seqlen_q")
+    max_k = 0 if max_seqlen_k is None else T.int64(max_seqlen_k, "max_seqlen_k")
+    lse, lse_ptr = T.lse_arg(lse, (H, Tq), qv)
+    objs, grads = _grad_views(given, need, (qv, kv, vv))
+    cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
+    seed = _backward_seed(seed, opts.dropout_p)
+    layer = layer_for(cfg, qv) if layer_for else None
+    _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed,
+                  varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k))
+    del lse, cuq, cuk  # converted copies lived through the call
+    return tuple(objs)
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None,
+                       window=(-1, -1), softcap=0.0, dropout_p=0.0, seed=None,
+                       deterministic=False, dq=None, dk=None, dv=None):
+    """The gradients of attention(): (dq, dk, dv) of sum(dout * out).
+
+    q, k, v and the options are the forward's; out and lse [B, H, Sq] float32
+    are what it returned (return_lse=True); dout [B, Sq, H, Dv] is the
+    gradient of out, in any dtype. With dropout the forward's `seed` is
+    required (the mask is drawn again, never stored). dq, dk, dv may be given
+    to be written in place (float32, float16 or bfloat16, any strides with
+    the last dim contiguous); else they are new arrays of q's type, dtype and
+    device. With GQA/MQA dk and dv are summed over each KV head's query
+    heads. The CPU computes in float32 and is deterministic; FP8 inputs and
+    CUDA tensors raise UnsupportedError (no backward there yet).
+    """
+    opts = _Options(causal, softmax_scale, window, softcap, dropout_p,
+                    deterministic=deterministic)
+    return _padded_backward(dout, q, k, v, out, lse, opts, seed, (dq, dk, dv))
+
+
+def varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, *, causal=False, softmax_scale=None,
+                              window=(-1, -1), softcap=0.0, dropout_p=0.0, seed=None,
+                              deterministic=False, dq=None, dk=None, dv=None):
+    """attention_backward() for varlen_attention(): packed q, k, v, out, dout
+    [total, H, D], lse [H, total_q]. Tokens in no sequence get zero gradients."""
+    opts = _Options(causal, softmax_scale, window, softcap, dropout_p,
+                    deterministic=deterministic)
+    return _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, opts, seed, (dq, dk, dv))
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
@@ -405,7 +545,9 @@ def _rotary_table(x, name, ref):
 def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             block_table, opts, rotary_interleaved, num_splits, out, return_lse, layer_for=None):
     return_lse = T.flag(return_lse, "return_lse")
-    T.check_no_grad(q, k_cache, v_cache, k, v)
+    if T.needs_grad(q, k_cache, v_cache, k, v):
+        raise NotImplementedError("decode has no backward: call it under torch.no_grad() or "
+                                  "pass tensors that do not require grad")
     if (k is None) != (v is None):
         raise ValueError("k and v (the new tokens) must be given together")
     qv = T.view(q, "q", 4)
@@ -519,13 +661,13 @@ class Attention:
 
     def __init__(self, num_heads, head_size, softmax_scale=None, causal=False, num_kv_heads=None,
                  dropout_p=0.0, *, window=(-1, -1), softcap=0.0, dtype=None, device=None,
-                 fp8=None, fp8_smooth_k=False, check_finite=False):
+                 fp8=None, fp8_smooth_k=False, check_finite=False, deterministic=False):
         self.num_heads = T.int64(num_heads, "num_heads")
         self.head_size = T.int64(head_size, "head_size")
         self.num_kv_heads = (self.num_heads if num_kv_heads is None
                              else T.int64(num_kv_heads, "num_kv_heads"))
         self._opts = _Options(causal, softmax_scale, window, softcap, dropout_p, fp8, fp8_smooth_k,
-                              check_finite)
+                              check_finite, deterministic)
         self._layers = {}
         self._lock = threading.Lock()
         self._last = None
@@ -546,6 +688,7 @@ class Attention:
     fp8 = property(lambda self: self._opts.fp8)
     fp8_smooth_k = property(lambda self: self._opts.fp8_smooth_k)
     check_finite = property(lambda self: self._opts.check_finite)
+    deterministic = property(lambda self: self._opts.deterministic)
 
     @property
     def fp8_path(self):
@@ -626,6 +769,21 @@ class Attention:
         return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                        cache_batch_idx, block_table, self._opts, rotary_interleaved, num_splits,
                        out, return_lse, self._layer_for)
+
+    def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None):
+        """The gradients (dq, dk, dv) of forward(q, k, v) for dout, the
+        gradient of its out; out and lse are forward()'s (return_lse=True),
+        seed its dropout seed (required with dropout). As
+        attention_backward(), on this layer's libfmha layer."""
+        return _padded_backward(dout, q, k, v, out, lse, self._opts, seed, (dq, dk, dv),
+                                layer_for=self._layer_for)
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, *, seed=None, dq=None, dk=None, dv=None):
+        """backward() for forward_varlen(): packed tensors, lse [H, total_q]."""
+        return _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                max_seqlen_q, max_seqlen_k, self._opts, seed, (dq, dk, dv),
+                                layer_for=self._layer_for)
 
     def __repr__(self):
         return ("Attention(num_heads=%d, head_size=%d, num_kv_heads=%d, causal=%s, "

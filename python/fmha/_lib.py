@@ -83,6 +83,7 @@ class Config(Structure):
         ("fp8_compute", c_int),
         ("fp8_smooth_k", c_int),
         ("check_finite", c_int),
+        ("deterministic", c_int),
     ]
 
 
@@ -131,6 +132,30 @@ class KvcacheArgs(Structure):
         ("rotary_interleaved", c_int),
         ("num_splits", c_int64),
         ("stream", c_void_p),
+    ]
+
+
+class BackwardArgs(Structure):
+    """fmha_backward_args: one backward's inputs (the forward's, its out and
+    lse, dout) and gradient views (data None: not wanted)."""
+    _fields_ = [
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Tensor),
+        ("out", Tensor),
+        ("dout", Tensor),
+        ("lse", c_void_p),            # const float *
+        ("dq", Tensor),
+        ("dk", Tensor),
+        ("dv", Tensor),
+        ("cu_seqlens_q", c_void_p),   # const int32_t *
+        ("cu_seqlens_k", c_void_p),
+        ("varlen_batch", c_int64),
+        ("max_seqlen_q", c_int64),
+        ("max_seqlen_k", c_int64),
+        ("seed", c_uint64),
+        ("offset", c_uint64),
+        ("stream", c_void_p),         # cudaStream_t
     ]
 
 
@@ -235,6 +260,12 @@ fmha_layer_forward = _proto("fmha_layer_forward", c_int, c_void_p, POINTER(Forwa
 fmha_layer_get_path = _proto("fmha_layer_get_path", c_int, c_void_p, POINTER(c_char_p))
 fmha_layer_path_name = _proto("fmha_layer_path_name", c_char_p, c_int)
 fmha_forward = _proto("fmha_forward", c_int, POINTER(Config), POINTER(ForwardArgs))
+fmha_kernel_select_backward = _proto("fmha_kernel_select_backward", c_int, POINTER(Config),
+                                     POINTER(KernelInfo))
+fmha_layer_backward = _proto("fmha_layer_backward", c_int, c_void_p, POINTER(BackwardArgs))
+fmha_backward = _proto("fmha_backward", c_int, POINTER(Config), POINTER(BackwardArgs))
+fmha_reference_backward = _proto("fmha_reference_backward", c_int, POINTER(Config),
+                                 POINTER(BackwardArgs))
 fmha_reference_forward = _proto("fmha_reference_forward", c_int, POINTER(Config),
                                 POINTER(ForwardArgs))
 fmha_layer_decode = _proto("fmha_layer_decode", c_int, c_void_p, POINTER(KvcacheArgs))
@@ -280,6 +311,13 @@ def kernel_select(cfg):
     return info
 
 
+def kernel_select_backward(cfg):
+    """The backward kernel libfmha would run `cfg` with, or its error."""
+    info = KernelInfo()
+    raise_for_status(fmha_kernel_select_backward(ctypes.byref(cfg), ctypes.byref(info)))
+    return info
+
+
 def cuda_devices():
     """Descriptions of the CUDA devices this build can use (empty without any)."""
     out = []
@@ -317,6 +355,10 @@ class Layer:
     def decode(self, args):
         with self.lock:
             raise_for_status(fmha_layer_decode(self.handle, ctypes.byref(args)))
+
+    def backward(self, args):
+        with self.lock:
+            raise_for_status(fmha_layer_backward(self.handle, ctypes.byref(args)))
 
     def close(self):
         self._finalizer()

@@ -289,17 +289,37 @@ def descale(x, name, ref):
     return np.ascontiguousarray(x, dtype=np.float32), np.shape(x)  # 0-d becomes [1]
 
 
-def check_no_grad(*arrays):
-    """fmha has no backward pass: refuse inputs that autograd would track
-    rather than return an output whose gradient silently never flows."""
+def needs_grad(*arrays):
+    """True when autograd would track a call on these inputs: torch tensors
+    that require grad, with grad enabled. Such calls go through fmha's
+    torch.autograd.Function (_autograd.py)."""
     torch = _torch()
     if torch is None or not torch.is_grad_enabled():
-        return
-    for a in arrays:
-        if is_torch(a) and a.requires_grad:
-            raise NotImplementedError(
-                "fmha has no backward pass: call it under torch.no_grad() or "
-                "torch.inference_mode(), or pass detached tensors")
+        return False
+    return any(is_torch(a) and a.requires_grad for a in arrays)
+
+
+def lse_arg(lse, shape, ref):
+    """The forward's lse as contiguous float32 in ref's memory (a numpy
+    array or torch tensor), and its address. Contiguous float32 of another
+    layout is not guessed at: the shape must be `shape`."""
+    x = as_array(lse, "lse")
+    if is_torch(x):
+        torch = _torch()
+        if x.dtype != torch.float32:
+            raise TypeError("lse must be float32 (as the forward returns it), got %s" % x.dtype)
+        where = (x.device.type, x.device.index if x.is_cuda else None)
+        if where != (ref.device, ref.device_index):
+            raise ValueError("lse is on %s but q is on %s" % (x.device, device_str(ref)))
+        x = x.detach().contiguous()
+    else:
+        if x.dtype != np.float32:
+            raise TypeError("lse must be float32 (as the forward returns it), got %s" % x.dtype)
+        x = np.ascontiguousarray(x)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError("lse has shape %s, expected %s (the forward's return_lse=True output)"
+                         % (list(x.shape), list(shape)))
+    return x, data_ptr(x)
 
 
 def index(value, name):

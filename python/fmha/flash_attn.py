@@ -1,15 +1,18 @@
-"""flash_attn.py — drop-in forward-only versions of flash_attn 2.x's
-functions: the same argument names, order, defaults and return conventions,
-so `from fmha.flash_attn import flash_attn_func` can replace
-`from flash_attn import flash_attn_func` in inference code.
+"""flash_attn.py — drop-in versions of flash_attn 2.x's functions: the same
+argument names, order, defaults and return conventions, so
+`from fmha.flash_attn import flash_attn_func` can replace
+`from flash_attn import flash_attn_func` in inference and training code.
+torch inputs that require grad (with grad enabled) go through a
+torch.autograd.Function whose backward is fmha's (fmha._autograd): CPU
+tensors only for now (the CUDA backward is not built yet and raises
+UnsupportedError when the gradient is asked for).
 
 Differences from flash_attn:
-- forward only: torch inputs that require grad (with grad enabled) raise
-  NotImplementedError rather than return an output without a gradient;
 - alibi_slopes, cache_leftpad, and block_table of flash_attn_varlen_func
   (paged prefill) raise NotImplementedError; flash_attn_with_kvcache takes
   block_table (paged KV caches) on the CPU;
-- `deterministic` is accepted and ignored (fmha's forward is deterministic);
+- `deterministic` is accepted and ignored (fmha's forward, and its CPU
+  backward, are deterministic anyway);
 - dropout draws its seed from fmha's generator (fmha.manual_seed), not
   torch's;
 - return_attn_probs=True returns (out, softmax_lse, None): the attention

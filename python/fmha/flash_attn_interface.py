@@ -1,5 +1,5 @@
 """flash_attn_interface.py — FlashAttention-3's functions (its Hopper
-package's `flash_attn_interface`), forward only: the same argument names,
+package's `flash_attn_interface`): the same argument names,
 order, defaults and return conventions, so that FA3 code can import from
 `fmha.flash_attn_interface` and FA2 code from `fmha.flash_attn` without
 either being misread. The two orders differ: FA3 has no dropout, so its
@@ -7,7 +7,8 @@ fourth positional argument is softmax_scale (FA2's is dropout_p):
 `flash_attn_func(q, k, v, 0.125, True)` is scale 0.125, causal, here.
 
 Differences from FlashAttention-3:
-- forward only (inputs that require grad raise NotImplementedError);
+- inputs that require grad get fmha's backward through torch.autograd (as
+  fmha.flash_attn), on CPU tensors for now;
 - qv, seqused_q, seqused_k and attention_chunk != 0 raise
   NotImplementedError (fmha has no such feature yet), and so do
   flash_attn_with_kvcache's cache_leftpad, cu_seqlens_q, cu_seqlens_k_new,

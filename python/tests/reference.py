@@ -94,6 +94,59 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, d
     return out.transpose(0, 2, 1, 3), lse
 
 
+def attention_grads(q, k, v, dout, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+                    dropout_p=0.0, seed=0, offset=0, seq_base=0):
+    """The float64 gradients (dq, dk, dv) of sum(dout * out) for attention()'s
+    out, written out from the chain rule: P the softmax, dP = dO V^T (times
+    the dropout factors), D = rowsum(P * dP), dS = P (dP - D), through softcap
+    times 1 - tanh^2, dQ = scale dS K, dK = scale dS^T Q and dV = P^T dO
+    (P dropped), each KV head summing its query heads."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    B, Sq, H, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    g = H // Hkv
+    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    scale = scale if scale else 1.0 / np.sqrt(D)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
+    t = np.tanh(s / softcap) if softcap > 0 else None
+    if softcap > 0:
+        s = softcap * t
+    vis = visible(Sq, Sk, causal, window)
+    s = np.where(vis, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True) if Sk else np.full((B, H, Sq, 1), -np.inf)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    l = p.sum(axis=-1, keepdims=True)
+    p = p / np.where(l > 0, l, 1.0)
+    f = np.ones_like(p)
+    if dropout_p > 0:
+        seq_head = (seq_base + np.arange(B))[:, None, None, None] * H + \
+            np.arange(H)[None, :, None, None]
+        keep = dropout_keep(seed, offset, seq_head, np.arange(Sq)[None, None, :, None],
+                            np.arange(Sk)[None, None, None, :], dropout_p)
+        f = np.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, vr) * f
+    dd = (p * dp).sum(axis=-1, keepdims=True)
+    ds = p * (dp - dd)
+    if softcap > 0:
+        ds = ds * (1.0 - t * t)
+    ds = ds * scale
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kr)
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q).reshape(B, Sk, Hkv, g, D).sum(axis=3)
+    dv = np.einsum("bhqk,bqhd->bkhd", p * f, dout).reshape(B, Sk, Hkv, g, -1).sum(axis=3)
+    return dq, dk, dv
+
+
+def varlen_attention_grads(q, k, v, dout, cu_q, cu_k, **kw):
+    """attention_grads() per sequence of a packed batch; tokens in no sequence get 0."""
+    dq, dk, dv = (np.zeros(x.shape) for x in (q, k, v))
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        g = attention_grads(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1],
+                            seq_base=b, **kw)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
 def varlen_attention(q, k, v, cu_q, cu_k, **kw):
     """Packed q [Tq, H, D], k/v [Tk, Hkv, D(v)] -> (out [Tq, H, Dv], lse [H, Tq])."""
     Tq, H = q.shape[0], q.shape[1]

@@ -1,5 +1,5 @@
-/* cpu.h — the CPU backend: the flash-attention driver (cpu_flash.c) and the
- * per-ISA micro-kernels it calls through one table of function pointers
+/* cpu.h — the CPU backend: the flash-attention drivers (cpu_flash.c forward,
+ * cpu_backward.c backward) and the per-ISA micro-kernels it calls through one table of function pointers
  * (cpu_ops_scalar.c, cpu_ops_avx2.c, cpu_ops_avx512.c; the SIMD files share
  * cpu_ops_f32.h's products and softmax, every file cpu_ops_io.h's loads and
  * store). */
@@ -36,6 +36,11 @@ typedef struct fmha_cpu_workspace {
 void fmha_cpu_workspace_free(fmha_cpu_workspace *ws);
 fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *kernel,
                              fmha_cpu_workspace *ws);
+/* A validated backward call (pb->bwd) on backward kernel `kernel` (cpu_backward.c). */
+fmha_status fmha_cpu_backward(const fmha_problem *pb, const fmha_kernel_info *kernel,
+                              fmha_cpu_workspace *ws);
+/* Grows *ws to `size` bytes (64-byte aligned), keeping nothing of it. */
+fmha_status fmha_cpu_workspace_reserve(fmha_cpu_workspace *ws, size_t size);
 
 /* Decode: the new keys and values into the caches, and q rotated
  * (backend.h's kv_append; cpu_kvcache.c). */
@@ -111,12 +116,38 @@ typedef struct fmha_cpu_ops {
     /* Epilogue: out = o / l for the task's rows (o [rows][dvp]) and lse =
      * (m + log2 l) ln 2; rows that saw no key (l = 0) get 0 and -inf. */
     void (*store)(const fmha_cpu_task *t, const float *o, const float *m, const float *l);
+
+    /* Backward (cpu_backward.c; the f32 tables only, NULL in bf16dp's): rows
+     * of any tensor into tiles, and the elementwise steps between the
+     * backward's products, which are qk and pv above on other operands.
+     * Tiles are [rows][BR] like st, of which the first nr rows and nc lanes
+     * (a multiple of FMHA_CPU_NQ) are live. */
+    /* dst[r][c] = row (tb, tok + r, h) of t as f32 for r < n, c < cols; 0 for
+     * cols <= c < stride. */
+    void (*load_rows)(const fmha_tensor *t, int64_t tb, int64_t tok, int64_t h, int n, int64_t cols,
+                      int64_t stride, float *dst);
+    /* dst[c][r] (rows of BR) = the same rows transposed, 0 for n <= r < BR;
+     * tmp: room for 16 x cols floats. */
+    void (*pack_rows_t)(const fmha_tensor *t, int64_t tb, int64_t tok, int64_t h, int n,
+                        int64_t cols, float *dst, float *tmp);
+    /* st = 2^(st * scale - lse): the softmax again from the forward's LSE
+     * (log2 domain), one per lane (exp_cols) or per row (exp_rows); an LSE of
+     * +inf gives 0. */
+    void (*exp_cols)(float *st, int nr, int nc, float scale, const float *lse);
+    void (*exp_rows)(float *st, int nr, int nc, float scale, const float *lse);
+    /* p = p * (dp - D), D per lane or per row: dS from P, dP and D = rowsum(dO * O). */
+    void (*ds_cols)(float *p, const float *dp, int nr, int nc, const float *D);
+    void (*ds_rows)(float *p, const float *dp, int nr, int nc, const float *D);
+    /* ds *= 1 - (t k)^2, the derivative of softcap: t its output, k = 1 / (cap log2 e). */
+    void (*softcap_grad)(float *ds, const float *t, int nr, int nc, float k);
 } fmha_cpu_ops;
 
 #define FMHA_CPU_KERNEL(name, ...) extern const fmha_cpu_ops fmha_ops_##name;
 #define FMHA_CUDA_KERNEL(name, ...)
+#define FMHA_CPU_BWD_KERNEL(name, ...)
 #include "../kernels.def"
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL
+#undef FMHA_CPU_BWD_KERNEL
 
 #endif /* FMHA_CPU_H */

@@ -1,5 +1,5 @@
 /* cpu_backend.c — the CPU backend's table of operations (backend.h): the
- * flash-attention driver (cpu_flash.c), the FP8 quantizer (fp8.c) and the
+ * flash-attention drivers (cpu_flash.c, cpu_backward.c), the FP8 quantizer (fp8.c) and the
  * fp8_smooth_k steps, all on host memory. */
 #include "../alloc.h"
 #include "cpu.h"
@@ -42,6 +42,15 @@ static fmha_status cpu_forward(const fmha_plan *plan, const fmha_problem *pb, fm
 {
     fmha_cpu_workspace w = {ws->buf, ws->size};
     fmha_status st = fmha_cpu_forward(pb, &plan->kernel->info, &w);
+    ws->buf = w.buf;
+    ws->size = w.size;
+    return st;
+}
+
+static fmha_status cpu_backward(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws)
+{
+    fmha_cpu_workspace w = {ws->buf, ws->size};
+    fmha_status st = fmha_cpu_backward(pb, &plan->kernel->info, &w);
     ws->buf = w.buf;
     ws->size = w.size;
     return st;
@@ -153,4 +162,5 @@ const fmha_backend fmha_cpu_backend = {
     .merge = fmha_cpu_merge,
     .copy = fmha_cpu_copy,
     .fill_f32 = fmha_cpu_fill_f32,
+    .backward = cpu_backward,
 };

@@ -19,9 +19,11 @@ enum { BR = FMHA_CPU_BR, BC = FMHA_CPU_BC };
 static const fmha_cpu_ops *const ops_table[FMHA_KERNEL_COUNT] = {
 #define FMHA_CPU_KERNEL(name, ...) [FMHA_KERNEL_ID_##name] = &fmha_ops_##name,
 #define FMHA_CUDA_KERNEL(name, ...)
+#define FMHA_CPU_BWD_KERNEL(name, ...)
 #include "../kernels.def"
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL
+#undef FMHA_CPU_BWD_KERNEL
 };
 
 static int64_t round_up(int64_t x, int64_t m)
@@ -99,7 +101,7 @@ void fmha_cpu_workspace_free(fmha_cpu_workspace *ws)
     ws->size = 0;
 }
 
-static fmha_status workspace_reserve(fmha_cpu_workspace *ws, size_t size)
+fmha_status fmha_cpu_workspace_reserve(fmha_cpu_workspace *ws, size_t size)
 {
     if (ws->size >= size)
         return FMHA_STATUS_OK;
@@ -400,7 +402,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         (size_t)nthreads > SIZE_MAX / per_thread
             ? fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "CPU workspace of %d x %zu bytes overflows",
                              nthreads, per_thread)
-            : workspace_reserve(ws, per_thread * (size_t)nthreads);
+            : fmha_cpu_workspace_reserve(ws, per_thread * (size_t)nthreads);
     if (st != FMHA_STATUS_OK) {
         fmha_free(tile_start);
         fmha_free(partial);

@@ -38,6 +38,7 @@ static inline __m256 exp2_avx2(__m256 x)
 #define VADD                _mm256_add_ps
 #define VSUB                _mm256_sub_ps
 #define VMAX                _mm256_max_ps
+#define VMIN                _mm256_min_ps
 #define VDIV                _mm256_div_ps
 #define VEXP2               exp2_avx2
 #define VIS_NEG_INF(x)      _mm256_cmp_ps((x), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ)
@@ -111,4 +112,11 @@ const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
     .pack_p = pack_p,
     .pv = pv,
     .store = store,
+    .load_rows = load_rows,
+    .pack_rows_t = pack_rows_t,
+    .exp_cols = exp_cols,
+    .exp_rows = exp_rows,
+    .ds_cols = ds_cols,
+    .ds_rows = ds_rows,
+    .softcap_grad = softcap_grad,
 };

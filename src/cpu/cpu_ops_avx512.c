@@ -39,6 +39,7 @@ static inline __m512 exp2_avx512(__m512 x)
 #define VADD                _mm512_add_ps
 #define VSUB                _mm512_sub_ps
 #define VMAX                _mm512_max_ps
+#define VMIN                _mm512_min_ps
 #define VDIV                _mm512_div_ps
 #define VEXP2               exp2_avx512
 #define VIS_NEG_INF(x)      _mm512_cmp_ps_mask((x), _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)
@@ -116,6 +117,13 @@ const fmha_cpu_ops fmha_ops_cpu_avx512_f32 = {
     .pack_p = pack_p,
     .pv = pv,
     .store = store,
+    .load_rows = load_rows,
+    .pack_rows_t = pack_rows_t,
+    .exp_cols = exp_cols,
+    .exp_rows = exp_rows,
+    .ds_cols = ds_cols,
+    .ds_rows = ds_rows,
+    .softcap_grad = softcap_grad,
 };
 
 /* ------------------------------------------------------------ bf16 pairs */

@@ -1,8 +1,10 @@
-/* cpu_ops_f32.h — the f32 mainloop micro-kernels (qk, pv, softmax, softcap),
+/* cpu_ops_f32.h — the f32 mainloop micro-kernels (qk, pv, softmax, softcap, and
+ * the backward's exp_cols/rows, ds_cols/rows, softcap_grad),
  * written once over a small vector vocabulary and included by each SIMD ISA
  * file (cpu_ops_avx2.c, cpu_ops_avx512.c), which defines the vocabulary first:
  *   V, VL, VLOAD, VSTORE, VSET1, VZERO, VFMA(a, b, c) = a * b + c, VMUL, VADD,
- *   VSUB, VMAX, VDIV, VEXP2 (2^x, exactly 0 for x < -126),
+ *   VSUB, VMAX, VMIN (x86's: the second operand where either is NaN), VDIV,
+ *   VEXP2 (2^x, exactly 0 for x < -126),
  *   VIS_NEG_INF(x), VIS_NEGATIVE(x) -> masks for VSELECT(mask, if_true, if_false),
  *   QK_MR/QK_NV (keys x query-vectors per qk register tile),
  *   PV_MR/PV_NV (queries x value-vectors per pv register tile).
@@ -160,6 +162,71 @@ static void softcap(float *st, int nj, int nq, float scale, float cap)
         t = VSELECT(VIS_NEGATIVE(y), VSUB(zero, t), t);
         VSTORE(st + e, VMUL(t, out));
     }
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* 2^min(x * scale - lse, 0): x * scale <= lse up to the LSE's own rounding,
+ * and past it (scores near 2^30 and beyond, whose f32 LSE is off by more
+ * than 128) VEXP2's exponent would overflow into garbage; P <= 1 keeps such
+ * rows finite. NaN stays NaN (VMIN's second operand). */
+INLINE V p_of(V x, V scale, V lse)
+{
+    return VEXP2(VMIN(VZERO(), VSUB(VMUL(x, scale), lse)));
+}
+
+static void exp_cols(float *st, int nr, int nc, float scale, const float *lse)
+{
+    const V vs = VSET1(scale);
+    for (int r = 0; r < nr; r++)
+        for (int x = 0; x < nc / VL; x++) {
+            float *e = st + r * T_BR + x * VL;
+            VSTORE(e, p_of(VLOAD(e), vs, VLOAD(lse + x * VL)));
+        }
+}
+
+static void exp_rows(float *st, int nr, int nc, float scale, const float *lse)
+{
+    const V vs = VSET1(scale);
+    for (int r = 0; r < nr; r++) {
+        const V b = VSET1(lse[r]);
+        for (int x = 0; x < nc / VL; x++) {
+            float *e = st + r * T_BR + x * VL;
+            VSTORE(e, p_of(VLOAD(e), vs, b));
+        }
+    }
+}
+
+static void ds_cols(float *p, const float *dp, int nr, int nc, const float *D)
+{
+    for (int r = 0; r < nr; r++)
+        for (int x = 0; x < nc / VL; x++) {
+            float *e = p + r * T_BR + x * VL;
+            const V g = VSUB(VLOAD(dp + r * T_BR + x * VL), VLOAD(D + x * VL));
+            VSTORE(e, VMUL(VLOAD(e), g));
+        }
+}
+
+static void ds_rows(float *p, const float *dp, int nr, int nc, const float *D)
+{
+    for (int r = 0; r < nr; r++) {
+        const V b = VSET1(D[r]);
+        for (int x = 0; x < nc / VL; x++) {
+            float *e = p + r * T_BR + x * VL;
+            VSTORE(e, VMUL(VLOAD(e), VSUB(VLOAD(dp + r * T_BR + x * VL), b)));
+        }
+    }
+}
+
+static void softcap_grad(float *ds, const float *t, int nr, int nc, float k)
+{
+    const V vk = VSET1(k), one = VSET1(1.0f);
+    for (int r = 0; r < nr; r++)
+        for (int x = 0; x < nc / VL; x++) {
+            float *e = ds + r * T_BR + x * VL;
+            const V y = VMUL(VLOAD(t + r * T_BR + x * VL), vk);
+            VSTORE(e, VMUL(VLOAD(e), VSUB(one, VMUL(y, y))));
+        }
 }
 
 #undef INLINE

@@ -112,3 +112,32 @@ static void store(const fmha_cpu_task *t, const float *o, const float *m, const 
         }
     }
 }
+
+/* ---------------------------------------------------------------- backward */
+
+static void load_rows(const fmha_tensor *t, int64_t tb, int64_t tok, int64_t h, int n, int64_t cols,
+                      int64_t stride, float *dst)
+{
+    for (int r = 0; r < n; r++) {
+        float *row = dst + r * stride;
+        to_f32(row, fmha_row(t, tb, tok + r, h), t->dtype, cols, 1.0f);
+        for (int64_t c = cols; c < stride; c++)
+            row[c] = 0.0f;
+    }
+}
+
+/* Rows go 16 at a time, as in pack_q. */
+static void pack_rows_t(const fmha_tensor *t, int64_t tb, int64_t tok, int64_t h, int n,
+                        int64_t cols, float *dst, float *tmp)
+{
+    enum { G = 16 };
+    memset(dst, 0, (size_t)cols * FMHA_CPU_BR * 4);
+    for (int r0 = 0; r0 < n; r0 += G) {
+        const int m = n - r0 < G ? n - r0 : G;
+        for (int r = 0; r < m; r++)
+            to_f32(tmp + r * cols, fmha_row(t, tb, tok + r0 + r, h), t->dtype, cols, 1.0f);
+        for (int64_t c = 0; c < cols; c++)
+            for (int r = 0; r < m; r++)
+                dst[c * FMHA_CPU_BR + r0 + r] = tmp[r * cols + c];
+    }
+}

@@ -81,6 +81,51 @@ static void pv(const void *pv_, int nj, int nq, const void *vv, int64_t dvp, con
     }
 }
 
+/* ---------------------------------------------------------------- backward */
+
+/* 2^min(x, 0), NaN kept: as p_of in cpu_ops_f32.h. */
+static float p_of(float x)
+{
+    return exp2f(x > 0.0f ? 0.0f : x);
+}
+
+static void exp_cols(float *st, int nr, int nc, float scale, const float *lse)
+{
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nc; i++)
+            st[r * BR + i] = p_of(st[r * BR + i] * scale - lse[i]);
+}
+
+static void exp_rows(float *st, int nr, int nc, float scale, const float *lse)
+{
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nc; i++)
+            st[r * BR + i] = p_of(st[r * BR + i] * scale - lse[r]);
+}
+
+static void ds_cols(float *p, const float *dp, int nr, int nc, const float *D)
+{
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nc; i++)
+            p[r * BR + i] *= dp[r * BR + i] - D[i];
+}
+
+static void ds_rows(float *p, const float *dp, int nr, int nc, const float *D)
+{
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nc; i++)
+            p[r * BR + i] *= dp[r * BR + i] - D[r];
+}
+
+static void softcap_grad(float *ds, const float *t, int nr, int nc, float k)
+{
+    for (int r = 0; r < nr; r++)
+        for (int i = 0; i < nc; i++) {
+            const float y = t[r * BR + i] * k;
+            ds[r * BR + i] *= 1.0f - y * y;
+        }
+}
+
 const fmha_cpu_ops fmha_ops_cpu_scalar_f32 = {
     .lanes = 1,
     .elem = 4,
@@ -93,4 +138,11 @@ const fmha_cpu_ops fmha_ops_cpu_scalar_f32 = {
     .pack_p = pack_p,
     .pv = pv,
     .store = store,
+    .load_rows = load_rows,
+    .pack_rows_t = pack_rows_t,
+    .exp_cols = exp_cols,
+    .exp_rows = exp_rows,
+    .ds_cols = ds_cols,
+    .ds_rows = ds_rows,
+    .softcap_grad = softcap_grad,
 };

@@ -197,4 +197,5 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_merge,
     fmha_cuda_copy,
     fmha_cuda_fill_f32,
+    NULL, /* backward: not built yet (select.c refuses a CUDA backward) */
 };

@@ -196,36 +196,6 @@ static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args,
     return st;
 }
 
-static fmha_status forward_exclusive(fmha_layer *layer, const fmha_forward_args *args,
-                                     const fmha_piece *piece)
-{
-    fmha_clear_error();
-    if (!layer)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
-    if (!args)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "forward args are NULL");
-    /* The layer's scratch and its latest plan belong to one call at a time. */
-    if (atomic_exchange(&layer->busy, 1))
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
-                              "the layer is running a call on another thread: a layer runs one "
-                              "call at a time (it owns that call's scratch); give each thread "
-                              "its own layer (fmha_layer_init)");
-    fmha_status st = forward(layer, args, piece);
-    atomic_store(&layer->busy, 0);
-    return st;
-}
-
-fmha_status fmha_layer_forward_piece(fmha_layer *layer, const fmha_forward_args *args,
-                                     const fmha_piece *piece)
-{
-    return forward_exclusive(layer, args, piece);
-}
-
-fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
-{
-    return forward_exclusive(layer, args, NULL);
-}
-
 /* A decode call on a layer that no other thread is using: validated, the
  * plan refined (a kernel that reads no cache refuses here, before anything
  * is written), the cache appended to, then attention on the direct path. */
@@ -279,65 +249,75 @@ static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
     return layer->be->backward(&bwd, &pb, &layer->ws);
 }
 
-/* Runs a decode (kind 0) or backward (kind 1) call while no other thread
- * uses the layer, as forward_exclusive does a forward. */
-static fmha_status exclusive(fmha_layer *layer, const void *args, int kind)
+typedef enum { CALL_FORWARD, CALL_DECODE, CALL_BACKWARD } call_kind;
+
+/* Runs one call while no other thread uses the layer: its scratch and its
+ * latest plan belong to one call at a time. `piece`: forward calls only. */
+static fmha_status exclusive(fmha_layer *layer, const void *args, call_kind kind,
+                             const fmha_piece *piece)
 {
+    static const char *const names[3] = {"forward", "decode", "backward"};
     fmha_clear_error();
     if (!layer)
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "layer is NULL");
     if (!args)
-        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "%s args are NULL",
-                              kind ? "backward" : "decode");
+        return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT, "%s args are NULL", names[kind]);
     if (atomic_exchange(&layer->busy, 1))
         return fmha_set_error(FMHA_STATUS_INVALID_ARGUMENT,
                               "the layer is running a call on another thread: a layer runs one "
                               "call at a time (it owns that call's scratch); give each thread "
                               "its own layer (fmha_layer_init)");
-    fmha_status st = kind ? backward(layer, args) : decode(layer, args);
+    fmha_status st = kind == CALL_FORWARD  ? forward(layer, args, piece)
+                     : kind == CALL_DECODE ? decode(layer, args)
+                                           : backward(layer, args);
     atomic_store(&layer->busy, 0);
     return st;
 }
 
+/* The one-shot calls: a layer made, used once and freed. */
+static fmha_status one_shot(const fmha_config *cfg, const void *args, call_kind kind)
+{
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, cfg);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    st = exclusive(layer, args, kind, NULL);
+    fmha_layer_free(layer);
+    return st;
+}
+
+fmha_status fmha_layer_forward(fmha_layer *layer, const fmha_forward_args *args)
+{
+    return exclusive(layer, args, CALL_FORWARD, NULL);
+}
+
+fmha_status fmha_layer_forward_piece(fmha_layer *layer, const fmha_forward_args *args,
+                                     const fmha_piece *piece)
+{
+    return exclusive(layer, args, CALL_FORWARD, piece);
+}
+
 fmha_status fmha_layer_decode(fmha_layer *layer, const fmha_kvcache_args *args)
 {
-    return exclusive(layer, args, 0);
+    return exclusive(layer, args, CALL_DECODE, NULL);
 }
 
 fmha_status fmha_layer_backward(fmha_layer *layer, const fmha_backward_args *args)
 {
-    return exclusive(layer, args, 1);
-}
-
-fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args)
-{
-    fmha_layer *layer;
-    fmha_status st = fmha_layer_init(&layer, cfg);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    st = fmha_layer_decode(layer, args);
-    fmha_layer_free(layer);
-    return st;
-}
-
-fmha_status fmha_backward(const fmha_config *cfg, const fmha_backward_args *args)
-{
-    fmha_layer *layer;
-    fmha_status st = fmha_layer_init(&layer, cfg);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    st = fmha_layer_backward(layer, args);
-    fmha_layer_free(layer);
-    return st;
+    return exclusive(layer, args, CALL_BACKWARD, NULL);
 }
 
 fmha_status fmha_forward(const fmha_config *cfg, const fmha_forward_args *args)
 {
-    fmha_layer *layer;
-    fmha_status st = fmha_layer_init(&layer, cfg);
-    if (st != FMHA_STATUS_OK)
-        return st;
-    st = fmha_layer_forward(layer, args);
-    fmha_layer_free(layer);
-    return st;
+    return one_shot(cfg, args, CALL_FORWARD);
+}
+
+fmha_status fmha_decode(const fmha_config *cfg, const fmha_kvcache_args *args)
+{
+    return one_shot(cfg, args, CALL_DECODE);
+}
+
+fmha_status fmha_backward(const fmha_config *cfg, const fmha_backward_args *args)
+{
+    return one_shot(cfg, args, CALL_BACKWARD);
 }

@@ -57,7 +57,8 @@ typedef struct fmha_cpu_task {
     int64_t sk;         /* its keys */
     int64_t hk;
     int64_t dp, dvp; /* row lengths of the K and V tiles: d rounded up to a pair, dv to lanes */
-    int rows;
+    int rows;        /* rows of the tiles (pack_q's), or of one slot (the store's) */
+    int slot_rows;   /* rows of each of the task's head-group slots (cpu_flash.c) */
     const int64_t *row_pos, *row_head; /* [rows] */
 } fmha_cpu_task;
 
@@ -116,6 +117,18 @@ typedef struct fmha_cpu_ops {
     /* Epilogue: out = o / l for the task's rows (o [rows][dvp]) and lse =
      * (m + log2 l) ln 2; rows that saw no key (l = 0) get 0 and -inf. */
     void (*store)(const fmha_cpu_task *t, const float *o, const float *m, const float *l);
+
+    /* Decode (f32 tables; NULL where the ISA has none, and then decode runs
+     * on the tiles above): a slot of `rows` queries of one KV head, fewer
+     * than FMHA_CPU_NQ, against keys [j0, j0 + nj) read straight from the
+     * tensors, with lanes over channels. qr: the queries as f32 rows dp
+     * apart. row_qk: st[j][i] = q_i . k_j for i < rows, 0 on to the next
+     * multiple of FMHA_CPU_NQ. row_pv: o[i][c] = alpha[i] o[i][c] +
+     * sum_j st[j][i] v_j[c] for i < rows, c < dv (o rows dvp apart). */
+    void (*row_qk)(const fmha_cpu_task *t, const float *qr, int rows, int64_t j0, int nj,
+                   float *st);
+    void (*row_pv)(const fmha_cpu_task *t, const float *p, int rows, int64_t j0, int nj,
+                   const float *alpha, float *o);
 
     /* Backward (cpu_backward.c; the f32 tables only, NULL in bf16dp's): rows
      * of any tensor into tiles, and the elementwise steps between the

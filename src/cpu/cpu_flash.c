@@ -124,15 +124,65 @@ static int64_t heads_per_task(const fmha_problem *pb)
     return pb->group <= 16 || pb->group * pb->max_sq <= BR ? pb->group : 1;
 }
 
-/* Task t of head group hg of sequence b: query positions [t * tq, ...) of the
- * heads [hg * P, hg * P + P), P = heads_per_task, tq = BR / P. Row r of the
- * task is position t * tq + r / P of head hg * P + r % P: positions never
- * decrease with r, so each row's visible keys move right with r. The task
- * sees keys [ka, kb) of the sequence only (its split; the whole sequence
- * unsplit). Sets tk's geometry and s's rows, their visible keys, o = 0,
- * m = -inf and l = 0. */
-static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg, int64_t t,
-                       int64_t ka, int64_t kb)
+/* How a call's query rows become tasks. A head group is P query heads
+ * (heads_per_task); a task holds a query tile of tq positions of one head
+ * group or, in a decode call whose groups are a few rows each, `slots` head
+ * groups side by side, each in `width` rows (a multiple of FMHA_CPU_NQ).
+ * With slots, one task walks the keys of several KV heads block by block, so
+ * that the cache rows of one token, which sit side by side, are read
+ * together rather than by different tasks at different times. */
+typedef struct task_layout {
+    int64_t P, tq, groups;
+    int64_t slots, width;
+    int64_t group_tasks; /* tasks over one tile's head groups: ceil(groups / slots) */
+} task_layout;
+
+static task_layout layout_of(const fmha_problem *pb)
+{
+    task_layout L = {.P = heads_per_task(pb), .slots = 1, .width = BR};
+    L.tq = BR / L.P;
+    L.groups = pb->heads / L.P;
+    if (pb->kv_cache && L.P * pb->max_sq * 2 <= BR) { /* one tile per sequence */
+        const int64_t width = round_up(L.P * pb->max_sq, FMHA_CPU_NQ);
+        const int64_t slots = BR / width < L.groups ? BR / width : L.groups;
+        if (slots > 1) {
+            L.slots = slots;
+            L.width = width;
+        }
+    }
+    L.group_tasks = (L.groups + L.slots - 1) / L.slots;
+    return L;
+}
+
+/* s from row r0 on: the view of one slot's rows. kbuf and vbuf are shared. */
+static task_scratch rows_from(const task_scratch *s, int r0, int64_t dvp)
+{
+    task_scratch v = *s;
+    v.qt = (char *)s->qt + (size_t)r0 * 4; /* 4-byte cells in every layout */
+    v.st = s->st + r0;
+    v.o = s->o + r0 * dvp;
+    v.m = s->m + r0;
+    v.l = s->l + r0;
+    v.alpha = s->alpha + r0;
+    v.lo = s->lo + r0;
+    v.hi = s->hi + r0;
+    v.row_pos = s->row_pos + r0;
+    v.row_head = s->row_head + r0;
+    return v;
+}
+
+/* Task t of head-group task g of sequence b (layout L): query positions
+ * [t * tq, ...) of head groups [g * slots, ...). Slot k holds head group
+ * hg = g * slots + k in rows [k * width, ...): row i of the slot is position
+ * t * tq + i / P of head hg * P + i % P, so positions never decrease with i
+ * and each row's visible keys move right with i; with several slots, rows
+ * past a slot's own repeat its last one and see no key. The task sees keys
+ * [ka, kb) of the sequence only (its split; the whole sequence unsplit).
+ * Sets tk's geometry (rows: what pack_q packs; slot_rows: the rows of each
+ * slot) and s's rows, their visible keys, o = 0, m = -inf and l = 0, and
+ * returns the task's slot count. */
+static int task_begin(fmha_cpu_task *tk, task_scratch *s, const task_layout *L, int64_t b,
+                      int64_t g, int64_t t, int64_t ka, int64_t kb)
 {
     const fmha_problem *pb = tk->pb;
     int64_t sk;
@@ -140,23 +190,32 @@ static void task_begin(fmha_cpu_task *tk, task_scratch *s, int64_t b, int64_t hg
     tk->sk = sk;
     tk->b = b;
     tk->tb = pb->varlen ? 0 : b;
-    const int64_t P = heads_per_task(pb), tq = BR / P, pos0 = t * tq;
-    tk->rows = (int)((tk->sq - pos0 < tq ? tk->sq - pos0 : tq) * P);
-    tk->hk = hg * P / pb->group;
-    for (int r = 0; r < tk->rows; r++) {
-        s->row_pos[r] = pos0 + r / P;
-        s->row_head[r] = hg * P + r % P;
-        fmha_visible_range(pb->cfg, s->row_pos[r], tk->sq, sk, &s->lo[r], &s->hi[r]);
-        s->lo[r] = s->lo[r] > ka ? s->lo[r] : ka;
-        s->hi[r] = s->hi[r] < kb ? s->hi[r] : kb;
-        if (s->hi[r] < s->lo[r]) /* nothing of this split: an empty interval */
-            s->hi[r] = s->lo[r];
+    const int64_t P = L->P, pos0 = t * L->tq, first = g * L->slots;
+    const int slots = (int)(L->groups - first < L->slots ? L->groups - first : L->slots);
+    const int rows = (int)((tk->sq - pos0 < L->tq ? tk->sq - pos0 : L->tq) * P);
+    const int width = L->slots > 1 ? (int)L->width : rows;
+    for (int k = 0; k < slots; k++) {
+        for (int i = 0; i < width; i++) {
+            const int r = k * width + i, src = i < rows ? i : rows - 1;
+            s->row_pos[r] = pos0 + src / P;
+            s->row_head[r] = (first + k) * P + src % P;
+            fmha_visible_range(pb->cfg, s->row_pos[r], tk->sq, sk, &s->lo[r], &s->hi[r]);
+            s->lo[r] = s->lo[r] > ka ? s->lo[r] : ka;
+            s->hi[r] = s->hi[r] < kb ? s->hi[r] : kb;
+            if (s->hi[r] < s->lo[r] || i >= rows) /* nothing of this split: an empty interval */
+                s->hi[r] = s->lo[r];
+        }
     }
+    tk->rows = slots * width;
+    tk->slot_rows = rows;
+    tk->row_pos = s->row_pos;
+    tk->row_head = s->row_head;
     memset(s->o, 0, sizeof(float) * BR * (size_t)tk->dvp);
     for (int i = 0; i < BR; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;
     }
+    return slots;
 }
 
 /* The rows that see any key of the block [j0, j0 + nj) form one range
@@ -240,12 +299,83 @@ static void store_partial(const fmha_cpu_task *tk, const task_scratch *s, float 
     }
 }
 
-/* Runs task t of head group hg of sequence b (task_begin) with tk's
- * micro-kernels: Q^T once, then per key block QK^T, softcap, mask, online
- * softmax, dropout and PV, then O / l and the LSE — or, for split `split`
- * of `nsplit` > 1, the partial result of its keys into `partial`. */
-static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s, int64_t b,
-                     int64_t hg, int64_t t, int64_t split, int64_t nsplit, float *partial)
+/* One block of keys [j0, j0 + nj) for the `rows` rows of s (one slot) with
+ * tk's micro-kernels: QK^T, softcap, mask, online softmax, dropout and PV. */
+static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s, int rows,
+                      int64_t j0, int nj, float scale)
+{
+    const fmha_problem *pb = tk->pb;
+    const int full = s->lo[rows - 1] <= j0 && j0 + nj <= s->hi[0]; /* every row sees every key */
+    int qa, qb;
+    live_rows(s, rows, j0, nj, &qa, &qb);
+    if (qa >= qb)
+        return;
+    /* The live rows widened to whole vectors: nq queries from qv, of which
+     * [qv, ib) are real rows. */
+    const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ;
+    const int nq = (int)round_up(qb, FMHA_CPU_NQ) - qv;
+    const int ib = qv + nq < rows ? qv + nq : rows;
+    const void *qt = (const char *)s->qt + (size_t)qv * 4; /* 4-byte cells */
+    float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
+    float *o = s->o + (int64_t)qv * tk->dvp;
+
+    ops->load_k(tk, j0, nj, s->kbuf);
+    ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
+    if (pb->cfg->softcap > 0)
+        ops->softcap(st, nj, nq, (float)pb->scale, (float)pb->cfg->softcap);
+    if (!full)
+        mask_edges(s, j0, nj, qv, ib);
+    ops->softmax(st, nj, nq, scale, m, l, alpha);
+    if (pb->drop_threshold)
+        dropout(tk, s, j0, nj, qv, ib);
+    ops->load_v(tk, j0, nj, s->vbuf);
+    ops->pack_p(st, nj, nq);
+    ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);
+}
+
+/* The same block on decode's row products (cpu.h's row_qk, row_pv): qr the
+ * slot's queries as f32 rows, P left in f32. */
+static void run_block_rows(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s,
+                           const float *qr, int rows, int64_t j0, int nj, float scale)
+{
+    const fmha_problem *pb = tk->pb;
+    const int full = s->lo[rows - 1] <= j0 && j0 + nj <= s->hi[0];
+    const int nq = (int)round_up(rows, FMHA_CPU_NQ);
+    int qa, qb;
+    live_rows(s, rows, j0, nj, &qa, &qb);
+    if (qa >= qb)
+        return;
+    ops->row_qk(tk, qr, rows, j0, nj, s->st);
+    if (pb->cfg->softcap > 0)
+        ops->softcap(s->st, nj, nq, (float)pb->scale, (float)pb->cfg->softcap);
+    if (!full)
+        mask_edges(s, j0, nj, 0, rows);
+    ops->softmax(s->st, nj, nq, scale, s->m, s->l, s->alpha);
+    if (pb->drop_threshold)
+        dropout(tk, s, j0, nj, 0, rows);
+    ops->row_pv(tk, s->st, rows, j0, nj, s->alpha, s->o);
+}
+
+/* The task's query rows as f32 rows of dp (zero past d) for the row
+ * products: qr[r * dp + c]. */
+static void pack_q_rows(const fmha_cpu_task *tk, float *qr)
+{
+    const fmha_problem *pb = tk->pb;
+    const fmha_tensor *q = &pb->args->q;
+    for (int r = 0; r < tk->rows; r++) {
+        const char *row = fmha_row(q, tk->tb, tk->q0 + tk->row_pos[r], tk->row_head[r]);
+        for (int64_t c = 0; c < tk->dp; c++)
+            qr[r * tk->dp + c] = c < pb->d ? fmha_load_f32(row, q->dtype, c) : 0.0f;
+    }
+}
+
+/* Runs task t of head-group task g of sequence b (task_begin): Q^T once,
+ * then each key block for each slot in turn, then per slot O / l and the
+ * LSE — or, for split `split` of `nsplit` > 1, the partial result of its
+ * keys into `partial`. */
+static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s,
+                     const task_layout *L, int64_t b, int64_t g, int64_t t, int64_t split,
+                     int64_t nsplit, float *partial)
 {
     const fmha_problem *pb = tk->pb;
     const fmha_config *cfg = pb->cfg;
@@ -254,46 +384,40 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     kb = sk;
     if (nsplit > 1)
         split_range(sk, split, nsplit, &ka, &kb);
-    task_begin(tk, s, b, hg, t, ka, kb);
-    const int rows = tk->rows;
-    const int64_t lo_first = s->lo[0], hi_first = s->hi[0];
-    const int64_t lo_last = s->lo[rows - 1], hi_last = s->hi[rows - 1];
+    const int slots = task_begin(tk, s, L, b, g, t, ka, kb);
+    const int rows = tk->slot_rows, width = tk->rows / slots;
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
 
-    ops->pack_q(tk, s->qt, s->kbuf);
-    for (int64_t j0 = lo_first; j0 < hi_last; j0 += BC) {
-        const int nj = (int)(hi_last - j0 < BC ? hi_last - j0 : BC);
-        const int full = lo_last <= j0 && j0 + nj <= hi_first; /* every row sees every key */
-        int qa, qb;
-        live_rows(s, rows, j0, nj, &qa, &qb);
-        if (qa >= qb)
-            continue;
-        /* The live rows widened to whole vectors: nq queries from qv, of
-         * which [qv, ib) are real rows. */
-        const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ;
-        const int nq = (int)round_up(qb, FMHA_CPU_NQ) - qv;
-        const int ib = qv + nq < rows ? qv + nq : rows;
-        const void *qt = (const char *)s->qt + (size_t)qv * 4; /* 4-byte cells */
-        float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
-        float *o = s->o + (int64_t)qv * tk->dvp;
-
-        ops->load_k(tk, j0, nj, s->kbuf);
-        ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
-        if (cfg->softcap > 0)
-            ops->softcap(st, nj, nq, (float)pb->scale, (float)cfg->softcap);
-        if (!full)
-            mask_edges(s, j0, nj, qv, ib);
-        ops->softmax(st, nj, nq, scale, m, l, alpha);
-        if (pb->drop_threshold)
-            dropout(tk, s, j0, nj, qv, ib);
-        ops->load_v(tk, j0, nj, s->vbuf);
-        ops->pack_p(st, nj, nq);
-        ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);
-    }
-    if (nsplit > 1)
-        store_partial(tk, s, partial + b * nsplit * pb->heads * sq * (tk->dvp + 1), split);
+    /* Decode slots of fewer rows than a vector step take the row products
+     * (in f32 tables, whose Q^T tile holds the rows' f32 copies). */
+    const int by_rows = ops->row_qk && pb->kv_cache && rows < FMHA_CPU_NQ && ops->elem == 4;
+    if (by_rows)
+        pack_q_rows(tk, s->qt);
     else
-        ops->store(tk, s->o, s->m, s->l);
+        ops->pack_q(tk, s->qt, s->kbuf);
+    /* Slots differ in heads only: their rows see the same keys. */
+    for (int64_t j0 = s->lo[0]; j0 < s->hi[rows - 1]; j0 += BC) {
+        const int nj = (int)(s->hi[rows - 1] - j0 < BC ? s->hi[rows - 1] - j0 : BC);
+        for (int k = 0; k < slots; k++) {
+            task_scratch v = rows_from(s, k * width, tk->dvp);
+            tk->hk = (g * L->slots + k) * L->P / pb->group;
+            if (by_rows)
+                run_block_rows(ops, tk, &v, (const float *)s->qt + k * width * tk->dp, rows, j0, nj,
+                               scale);
+            else
+                run_block(ops, tk, &v, rows, j0, nj, scale);
+        }
+    }
+    tk->rows = rows;
+    for (int k = 0; k < slots; k++) {
+        task_scratch v = rows_from(s, k * width, tk->dvp);
+        tk->row_pos = v.row_pos;
+        tk->row_head = v.row_head;
+        if (nsplit > 1)
+            store_partial(tk, &v, partial + b * nsplit * pb->heads * sq * (tk->dvp + 1), split);
+        else
+            ops->store(tk, v.o, v.m, v.l);
+    }
 }
 
 /* Merges the splits of every row by their LSEs (store_partial's) into out
@@ -366,7 +490,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
     const size_t per_thread = scratch_size(ops, dp, dvp);
 
     /* Tasks: (sequence, head group, query tile), counts prefix-summed over sequences. */
-    const int64_t P = heads_per_task(pb), tq = BR / P, groups = pb->heads / P;
+    const task_layout L = layout_of(pb);
     int64_t *tile_start = fmha_malloc(sizeof(int64_t) * (size_t)(pb->batch + 1));
     if (!tile_start)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory planning CPU tasks");
@@ -374,7 +498,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
     for (int64_t b = 0; b < pb->batch; b++) {
         int64_t q0, sq, k0, sk;
         fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
-        tile_start[b + 1] = tile_start[b] + (sq + tq - 1) / tq * groups;
+        tile_start[b + 1] = tile_start[b] + (sq + L.tq - 1) / L.tq * L.group_tasks;
     }
     const int64_t nsplit = splits_of(pb, tile_start[pb->batch]);
     const int64_t ntasks = tile_start[pb->batch] * nsplit;
@@ -418,8 +542,7 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
         arena slice = {(char *)ws->buf + per_thread * (size_t)tid, 0};
         task_scratch s;
         scratch_take(&slice, ops, dp, dvp, &s);
-        fmha_cpu_task tk = {
-            .pb = pb, .dp = dp, .dvp = dvp, .row_pos = s.row_pos, .row_head = s.row_head};
+        fmha_cpu_task tk = {.pb = pb, .dp = dp, .dvp = dvp};
         /* Longest tiles first: with a causal mask later query tiles see more keys. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = ntasks - 1; task >= 0; task--) {
@@ -433,7 +556,8 @@ fmha_status fmha_cpu_forward(const fmha_problem *pb, const fmha_kernel_info *ker
                     hi = mid;
             }
             int64_t local = tile - tile_start[lo];
-            run_task(ops, &tk, &s, lo, local % groups, local / groups, split, nsplit, partial);
+            run_task(ops, &tk, &s, &L, lo, local % L.group_tasks, local / L.group_tasks, split,
+                     nsplit, partial);
         }
     }
     if (nsplit > 1)

@@ -1,5 +1,6 @@
 /* cpu_ops_avx2.c — AVX2 + FMA micro-kernels: cpu_ops_f32.h over 8-lane
- * vectors, cpu_ops_io.h over this file's to_f32. Compiled with AVX2 flags;
+ * vectors, cpu_ops_io.h over this file's to_f32, and decode's row products
+ * (cpu_ops_rows.h). Compiled with AVX2 flags;
  * called only after cpuid.c found them. */
 #include "cpu.h"
 
@@ -100,6 +101,30 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
 
 #include "cpu_ops_io.h"
 
+/* Channels [c, c + 8) of an f32, f16 or bf16 row as f32. */
+static inline __m256 loadx_avx2(const char *row, fmha_dtype dt, int64_t c)
+{
+    const uint16_t *h = (const uint16_t *)row + c;
+    switch (dt) {
+    case FMHA_DTYPE_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16));
+    case FMHA_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    default: return _mm256_loadu_ps((const float *)row + c);
+    }
+}
+
+static inline float hsum_avx2(__m256 x)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+#define VLOADX loadx_avx2
+#define VHSUM  hsum_avx2
+#include "cpu_ops_rows.h"
+
 const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
     .lanes = VL,
     .elem = 4,
@@ -112,6 +137,8 @@ const fmha_cpu_ops fmha_ops_cpu_avx2_f32 = {
     .pack_p = pack_p,
     .pv = pv,
     .store = store,
+    .row_qk = row_qk,
+    .row_pv = row_pv,
     .load_rows = load_rows,
     .pack_rows_t = pack_rows_t,
     .exp_cols = exp_cols,

@@ -43,7 +43,7 @@ process beside --lib (an old and a new library on the same inputs, in the same
 rounds), and prints its TFLOP/s, its ratio to cuDNN and the new library's ratio
 to it.
 
---package calls fmha through the installed Python package (pip install ./python)
+--package calls fmha through the installed Python package (pip install . from the repository root)
 instead of the ctypes shim below: fmha.Attention(...)(q, k, v, out=...) on the
 same BSHD views.
 

@@ -2,7 +2,7 @@
 (8 query heads sharing 2 KV heads) on random float32 inputs, checked against
 attention written out in numpy. Exits 0 when they agree, 1 otherwise.
 
-    pip install ./python && python3 examples/python/example.py
+    pip install . && python3 examples/python/example.py
     # or, with a built tree: FMHA_LIBRARY=build/libfmha.so PYTHONPATH=python python3 examples/python/example.py
 """
 import sys

@@ -9,13 +9,15 @@ cannot be differentiated), with grad or without, eagerly or compiled.
 
 When the ops are registered. `import fmha` never imports torch. It
 registers them at once when torch is already imported, else the first
-torch tensor that reaches fmha does. Registration cannot happen inside
-torch.compile's tracing, so code that imports fmha before torch and then
-compiles a call first should `import fmha.torch_ops` (which imports torch
-and registers) before compiling: with the ops registered the Python layers
-above them are plain code that Dynamo traces, and
-`torch.compile(fn, fullgraph=True)` over fmha.flash_attn_func has no graph
-break.
+torch tensor that reaches fmha does. Code that imports fmha before torch
+and compiles before any eager call should `import fmha.torch_ops` (which
+imports torch and registers) first: torch 2.15's Dynamo also traces the
+registration when it happens inside a trace, but nothing promises that of
+other versions. With the ops registered the Python layers above them are
+plain code that Dynamo traces, and `torch.compile(fn, fullgraph=True)` over
+fmha.flash_attn_func is one graph holding one fmha::fwd node. This order was
+chosen over registration only on `import fmha.torch_ops` so that code which
+imports torch first (most code) needs no fmha-specific line to compile.
 
 The ops' arguments are numbers and tensors: the options of fmha's config,
 the dropout seed (None draws one from fmha's generator, fmha.manual_seed,
@@ -25,7 +27,9 @@ The forwards return (out, lse, rng_state): lse float32 [B, H, Sq] (padded)
 or [H, total_q] (packed), and rng_state int64 [2] on the CPU, the seed (its
 64 bits as a signed integer) and the offset (0) that the backward reads to
 draw the same dropout mask. cu_seqlens are tensors read where q lives: on
-CUDA the Python layer does not copy them to the host.
+CUDA the Python layer does not copy them to the host (libfmha's CUDA layer
+still does, to validate them: src/layer.c, so a varlen CUDA call cannot yet
+be captured in a CUDA graph).
 """
 from typing import Optional
 

@@ -6,8 +6,9 @@ torch tensors (CPU and CUDA) and anything with __dlpack__.
     out = fmha.attention(q, q, q, causal=True)               # [B, S, H, D]
 
 attention / varlen_attention / kvcache_attention (decode) are the functions
-(attention_backward / varlen_attention_backward their gradients; torch inputs
-that require grad go through torch.autograd), Attention the layer object,
+(attention_backward / varlen_attention_backward their gradients; torch
+tensors run through the fmha::* torch ops of fmha.torch_ops, differentiable
+and traceable by torch.compile), Attention the layer object,
 fmha.flash_attn holds flash_attn 2.x-compatible functions (also exported
 here). libfmha's errors raise InvalidArgumentError (a ValueError),
 UnsupportedError (a NotImplementedError), OutOfMemoryError (a MemoryError) or
@@ -21,6 +22,10 @@ from ._lib import (BackendError, FmhaError, InvalidArgumentError, OutOfMemoryErr
 from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                          flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                          flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
+
+# torch already imported: register the fmha::* torch ops now, outside any
+# torch.compile trace (fmha.torch_ops says when else they are registered).
+_api.load_torch_ops()
 
 try:
     from importlib.metadata import version as _version

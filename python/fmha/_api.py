@@ -3,13 +3,14 @@
 Every call validates in libfmha (the C library's messages become the
 exceptions' text) and runs on the tensors' own memory, strides included."""
 import contextlib
+import itertools
 import sys
 import threading
 import warnings
+import weakref
 
 import numpy as np
 
-from . import _autograd
 from . import _lib
 from . import _tensors as T
 
@@ -262,10 +263,80 @@ def _answer_empty(cfg, q, out, lse, layer_for):
         T.fill(lse, -np.inf)
 
 
+# ------------------------------------------------------------------ torch tensors
+
+# fmha.torch_ops once loaded (it registers the fmha::* torch ops), False where
+# this torch has no torch.library.custom_op, None until torch tensors come.
+_torch_ops = None
+
+
+def load_torch_ops():
+    """Loads fmha.torch_ops (registering the ops) when torch is imported and
+    new enough; never imports torch itself."""
+    global _torch_ops
+    if _torch_ops is None and "torch" in sys.modules:
+        try:
+            from . import torch_ops
+        except ImportError:  # torch < 2.4: no torch.library.custom_op
+            _torch_ops = False
+        else:
+            _torch_ops = torch_ops
+    return _torch_ops
+
+
+def _ops_for(q, out, descales):
+    """fmha.torch_ops when this call runs as a torch op: torch q, no out=
+    to write in place and no FP8 descales (those run directly, and cannot
+    be differentiated). A plain check once the ops are loaded, so that
+    torch.compile traces it."""
+    ops = _torch_ops
+    if ops is None:
+        if not T.is_torch(q):
+            return None
+        ops = load_torch_ops()
+    if not ops or not isinstance(q, ops.Tensor):
+        return None
+    if out is not None or any(d is not None for d in descales):
+        return None
+    return ops
+
+
+def _refuse_grad(out, descales, *arrays):
+    """A call that autograd would record but that cannot run as a torch op."""
+    if not T.needs_grad(*arrays):
+        return
+    if out is not None:
+        raise ValueError("out= cannot be written in place by a call that autograd records "
+                         "(inputs that require grad): leave out=None")
+    if any(d is not None for d in descales):
+        raise NotImplementedError("FP8 inputs have no backward: call fmha under "
+                                  "torch.no_grad() or pass detached tensors")
+    raise NotImplementedError("fmha's backward through torch needs torch >= 2.4 "
+                              "(torch.library.custom_op); call fmha under torch.no_grad()")
+
+
+# Attention layers that torch ops run on, by the key the ops carry (an op's
+# arguments are numbers and tensors, not Python objects).
+_op_layers = weakref.WeakValueDictionary()
+_op_layer_keys = itertools.count(1)
+
+
+def _layer_key(layer_for):
+    return 0 if layer_for is None else layer_for.__self__._op_key
+
+
 def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
     return_lse = T.flag(return_lse, "return_lse")
-    if T.needs_grad(q, k, v):
-        return _autograd.padded(q, k, v, opts, out, return_lse, seed, layer_for, descales)
+    ops = _ops_for(q, out, descales)
+    if ops is not None:
+        out, lse = ops.padded(q, k, v, opts, seed, _layer_key(layer_for))
+        return (out, lse) if return_lse else out
+    _refuse_grad(out, descales, q, k, v)
+    return _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for, descales)
+
+
+def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
+    """attention() on q's own memory through ctypes (the body of fmha::fwd)."""
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
     T.same_device(qv, kv, vv)
     _check_fp8_dtypes(qv, kv, vv)
@@ -292,9 +363,19 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
             return_lse, seed, layer_for=None, descales=(None,) * 3):
     return_lse = T.flag(return_lse, "return_lse")
-    if T.needs_grad(q, k, v):
-        return _autograd.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                opts, out, return_lse, seed, layer_for, descales)
+    ops = _ops_for(q, out, descales)
+    if ops is not None:
+        out, lse = ops.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              opts, seed, _layer_key(layer_for))
+        return (out, lse) if return_lse else out
+    _refuse_grad(out, descales, q, k, v)
+    return _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts,
+                          out, return_lse, seed, layer_for, descales)
+
+
+def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
+                   return_lse, seed, layer_for=None, descales=(None,) * 3):
+    """varlen_attention() through ctypes (the body of fmha::varlen_fwd)."""
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     T.same_device(qv, kv, vv)
     _check_fp8_dtypes(qv, kv, vv)
@@ -671,6 +752,8 @@ class Attention:
         self._layers = {}
         self._lock = threading.Lock()
         self._last = None
+        self._op_key = next(_op_layer_keys)
+        _op_layers[self._op_key] = self
         # The shape check, on the configuration that runs anywhere (bf16, CPU).
         _lib.kernel_select(self._config(_lib.DTYPE_BF16, _lib.DEVICE_CPU, self.head_size))
         self._default = None

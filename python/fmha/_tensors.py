@@ -291,8 +291,8 @@ def descale(x, name, ref):
 
 def needs_grad(*arrays):
     """True when autograd would track a call on these inputs: torch tensors
-    that require grad, with grad enabled. Such calls go through fmha's
-    torch.autograd.Function (_autograd.py)."""
+    that require grad, with grad enabled. Such calls go through the fmha::*
+    torch ops (torch_ops.py), whose autograd formula is fmha's backward."""
     torch = _torch()
     if torch is None or not torch.is_grad_enabled():
         return False

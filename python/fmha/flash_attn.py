@@ -2,10 +2,10 @@
 argument names, order, defaults and return conventions, so
 `from fmha.flash_attn import flash_attn_func` can replace
 `from flash_attn import flash_attn_func` in inference and training code.
-torch inputs that require grad (with grad enabled) go through a
-torch.autograd.Function whose backward is fmha's (fmha._autograd): CPU
-tensors only for now (the CUDA backward is not built yet and raises
-UnsupportedError when the gradient is asked for).
+torch tensors run through the fmha::* torch ops (fmha.torch_ops), whose
+autograd formula is fmha's backward and which torch.compile traces without
+graph breaks: gradients on CPU tensors only for now (the CUDA backward is
+not built yet and raises UnsupportedError when the gradient is asked for).
 
 Differences from flash_attn:
 - alibi_slopes, cache_leftpad, and block_table of flash_attn_varlen_func

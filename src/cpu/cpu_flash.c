@@ -300,9 +300,11 @@ static void store_partial(const fmha_cpu_task *tk, const task_scratch *s, float 
 }
 
 /* One block of keys [j0, j0 + nj) for the `rows` rows of s (one slot) with
- * tk's micro-kernels: QK^T, softcap, mask, online softmax, dropout and PV. */
-static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s, int rows,
-                      int64_t j0, int nj, float scale)
+ * tk's micro-kernels: QK^T, softcap, mask, online softmax, dropout and PV.
+ * The products are the tiles' or, with qr (the slot's queries as f32 rows),
+ * decode's row products (cpu.h's row_qk, row_pv; P stays f32). */
+static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s,
+                      const float *qr, int rows, int64_t j0, int nj, float scale)
 {
     const fmha_problem *pb = tk->pb;
     const int full = s->lo[rows - 1] <= j0 && j0 + nj <= s->hi[0]; /* every row sees every key */
@@ -311,7 +313,7 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     if (qa >= qb)
         return;
     /* The live rows widened to whole vectors: nq queries from qv, of which
-     * [qv, ib) are real rows. */
+     * [qv, ib) are real rows (with qr, fewer than one vector: qv = 0). */
     const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ;
     const int nq = (int)round_up(qb, FMHA_CPU_NQ) - qv;
     const int ib = qv + nq < rows ? qv + nq : rows;
@@ -319,8 +321,12 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
     float *o = s->o + (int64_t)qv * tk->dvp;
 
-    ops->load_k(tk, j0, nj, s->kbuf);
-    ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
+    if (qr) {
+        ops->row_qk(tk, qr, rows, j0, nj, st);
+    } else {
+        ops->load_k(tk, j0, nj, s->kbuf);
+        ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
+    }
     if (pb->cfg->softcap > 0)
         ops->softcap(st, nj, nq, (float)pb->scale, (float)pb->cfg->softcap);
     if (!full)
@@ -328,32 +334,13 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     ops->softmax(st, nj, nq, scale, m, l, alpha);
     if (pb->drop_threshold)
         dropout(tk, s, j0, nj, qv, ib);
-    ops->load_v(tk, j0, nj, s->vbuf);
-    ops->pack_p(st, nj, nq);
-    ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);
-}
-
-/* The same block on decode's row products (cpu.h's row_qk, row_pv): qr the
- * slot's queries as f32 rows, P left in f32. */
-static void run_block_rows(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s,
-                           const float *qr, int rows, int64_t j0, int nj, float scale)
-{
-    const fmha_problem *pb = tk->pb;
-    const int full = s->lo[rows - 1] <= j0 && j0 + nj <= s->hi[0];
-    const int nq = (int)round_up(rows, FMHA_CPU_NQ);
-    int qa, qb;
-    live_rows(s, rows, j0, nj, &qa, &qb);
-    if (qa >= qb)
-        return;
-    ops->row_qk(tk, qr, rows, j0, nj, s->st);
-    if (pb->cfg->softcap > 0)
-        ops->softcap(s->st, nj, nq, (float)pb->scale, (float)pb->cfg->softcap);
-    if (!full)
-        mask_edges(s, j0, nj, 0, rows);
-    ops->softmax(s->st, nj, nq, scale, s->m, s->l, s->alpha);
-    if (pb->drop_threshold)
-        dropout(tk, s, j0, nj, 0, rows);
-    ops->row_pv(tk, s->st, rows, j0, nj, s->alpha, s->o);
+    if (qr) {
+        ops->row_pv(tk, st, rows, j0, nj, alpha, o);
+    } else {
+        ops->load_v(tk, j0, nj, s->vbuf);
+        ops->pack_p(st, nj, nq);
+        ops->pv(st, nj, nq, s->vbuf, tk->dvp, alpha, o);
+    }
 }
 
 /* The task's query rows as f32 rows of dp (zero past d) for the row
@@ -395,28 +382,31 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
         pack_q_rows(tk, s->qt);
     else
         ops->pack_q(tk, s->qt, s->kbuf);
-    /* Slots differ in heads only: their rows see the same keys. */
+    /* Each slot's view of the scratch and its KV head. Slots differ in heads
+     * only: their rows see the same keys. */
+    task_scratch view[BR / FMHA_CPU_NQ];
+    int64_t hk[BR / FMHA_CPU_NQ];
+    for (int k = 0; k < slots; k++) {
+        view[k] = rows_from(s, k * width, tk->dvp);
+        hk[k] = (g * L->slots + k) * L->P / pb->group;
+    }
     for (int64_t j0 = s->lo[0]; j0 < s->hi[rows - 1]; j0 += BC) {
         const int nj = (int)(s->hi[rows - 1] - j0 < BC ? s->hi[rows - 1] - j0 : BC);
         for (int k = 0; k < slots; k++) {
-            task_scratch v = rows_from(s, k * width, tk->dvp);
-            tk->hk = (g * L->slots + k) * L->P / pb->group;
-            if (by_rows)
-                run_block_rows(ops, tk, &v, (const float *)s->qt + k * width * tk->dp, rows, j0, nj,
-                               scale);
-            else
-                run_block(ops, tk, &v, rows, j0, nj, scale);
+            tk->hk = hk[k];
+            run_block(ops, tk, &view[k], by_rows ? (const float *)s->qt + k * width * tk->dp : NULL,
+                      rows, j0, nj, scale);
         }
     }
     tk->rows = rows;
     for (int k = 0; k < slots; k++) {
-        task_scratch v = rows_from(s, k * width, tk->dvp);
-        tk->row_pos = v.row_pos;
-        tk->row_head = v.row_head;
+        tk->row_pos = view[k].row_pos;
+        tk->row_head = view[k].row_head;
         if (nsplit > 1)
-            store_partial(tk, &v, partial + b * nsplit * pb->heads * sq * (tk->dvp + 1), split);
+            store_partial(tk, &view[k], partial + b * nsplit * pb->heads * sq * (tk->dvp + 1),
+                          split);
         else
-            ops->store(tk, v.o, v.m, v.l);
+            ops->store(tk, view[k].o, view[k].m, view[k].l);
     }
 }
 

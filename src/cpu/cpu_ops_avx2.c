@@ -68,39 +68,6 @@ static inline __m256 e4m3_avx2(__m256i x, __m256 descale)
     return _mm256_blendv_ps(f, _mm256_set1_ps(__builtin_nanf("")), nan);
 }
 
-static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale)
-{
-    int64_t i = 0;
-    const uint16_t *s16 = src;
-    switch (dtype) {
-    case FMHA_DTYPE_F8_E4M3:
-        for (; i + 8 <= n; i += 8) {
-            __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)src + i));
-            _mm256_storeu_ps(dst + i, e4m3_avx2(_mm256_cvtepu8_epi32(b), _mm256_set1_ps(descale)));
-        }
-        for (; i < n; i++)
-            dst[i] = fmha_e4m3_to_f32(((const uint8_t *)src)[i]) * descale;
-        return;
-    case FMHA_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
-    case FMHA_DTYPE_BF16:
-        for (; i + 8 <= n; i += 8) {
-            __m128i h = _mm_loadu_si128((const __m128i *)(s16 + i));
-            __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(w));
-        }
-        break;
-    case FMHA_DTYPE_F16:
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s16 + i))));
-        break;
-    default: return;
-    }
-    for (; i < n; i++)
-        dst[i] = fmha_load_f32(src, dtype, i);
-}
-
-#include "cpu_ops_io.h"
-
 /* Channels [c, c + 8) of an f32, f16 or bf16 row as f32. */
 static inline __m256 loadx_avx2(const char *row, fmha_dtype dt, int64_t c)
 {
@@ -113,6 +80,32 @@ static inline __m256 loadx_avx2(const char *row, fmha_dtype dt, int64_t c)
     default: return _mm256_loadu_ps((const float *)row + c);
     }
 }
+
+static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, float descale)
+{
+    int64_t i = 0;
+    switch (dtype) {
+    case FMHA_DTYPE_F8_E4M3:
+        for (; i + 8 <= n; i += 8) {
+            __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)src + i));
+            _mm256_storeu_ps(dst + i, e4m3_avx2(_mm256_cvtepu8_epi32(b), _mm256_set1_ps(descale)));
+        }
+        for (; i < n; i++)
+            dst[i] = fmha_e4m3_to_f32(((const uint8_t *)src)[i]) * descale;
+        return;
+    case FMHA_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
+    case FMHA_DTYPE_BF16:
+    case FMHA_DTYPE_F16:
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, loadx_avx2(src, dtype, i));
+        break;
+    default: return;
+    }
+    for (; i < n; i++)
+        dst[i] = fmha_load_f32(src, dtype, i);
+}
+
+#include "cpu_ops_io.h"
 
 static inline float hsum_avx2(__m256 x)
 {

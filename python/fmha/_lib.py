@@ -4,9 +4,8 @@ exceptions; loading libfmha finds its CUDA runtime first when it needs one.
 Nothing here knows about numpy or torch."""
 import ctypes
 import importlib.util
-import mmap
 import os
-import struct
+import re
 from ctypes import (POINTER, Structure, c_char_p, c_double, c_int, c_int64, c_size_t,
                     c_uint16, c_uint64, c_void_p, c_float)
 
@@ -227,47 +226,6 @@ def _candidates():
             os.path.join(here, os.pardir, os.pardir, "build", "libfmha.so")]
 
 
-def _needed(path):
-    """The libraries (DT_NEEDED sonames) the ELF shared object at `path` asks
-    the dynamic loader for, read from its SHT_DYNAMIC section; [] for anything
-    but a little-endian ELF64 file (the only kind fmha builds)."""
-    try:
-        with open(path, "rb") as f:  # mapped: a CUDA build's libfmha is tens of MB
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):  # ValueError: an empty file
-        return []
-    with data:
-        if data[:6] != b"\x7fELF\x02\x01":  # magic, ELFCLASS64, ELFDATA2LSB
-            return []
-        try:
-            return _dynamic_needed(data)
-        except struct.error:  # a truncated file: let the dynamic loader say so
-            return []
-
-
-def _dynamic_needed(data):  # data: the bytes of an ELF64 little-endian file
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-
-    def section(i):  # (sh_type, sh_offset, sh_size, sh_link)
-        sh = struct.unpack_from("<IIQQQQI", data, shoff + i * shentsize)
-        return sh[1], sh[4], sh[5], sh[6]
-
-    out = []
-    for i in range(shnum):
-        kind, offset, size, link = section(i)
-        if kind != 6:  # SHT_DYNAMIC; its sh_link is its string table
-            continue
-        strtab = section(link)[1]
-        for tag, val in struct.iter_unpack("<qQ", data[offset:offset + size]):
-            if tag == 0:  # DT_NULL
-                break
-            if tag == 1:  # DT_NEEDED
-                start = strtab + val
-                out.append(data[start:data.find(b"\0", start)].decode())
-    return out
-
-
 def _nvidia_roots():
     """The folders of the `nvidia` namespace package (NVIDIA's CUDA wheels on
     PyPI) on sys.path, without importing it; [] when none is installed."""
@@ -292,31 +250,28 @@ def _find_cudart(soname, roots):
     return None
 
 
-def _already_loaded(soname):
+_CUDART = re.compile(r"libcudart\.so\.\d+")
+
+
+def _open(path):
+    """ctypes.CDLL(path). Where the dynamic loader finds no CUDA runtime for
+    it (a CUDA build's libfmha, whose RPATH names the build machine's CUDA),
+    loads libcudart.so.N from NVIDIA's pip package (`fmha[cuda13]`) and tries
+    again; a process that has a runtime already (torch's) shares it."""
     try:
-        ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)
-        return True
-    except OSError:
-        return False
-
-
-def _preload_cuda_runtime(lib_path):
-    """When libfmha at `lib_path` links the CUDA runtime, loads the pip
-    package's copy first (if one is installed and the process has none yet):
-    the dynamic loader then resolves libfmha's libcudart.so.N to it, whatever
-    the build machine's CUDA path in libfmha's RPATH says. Without the package,
-    that RPATH, LD_LIBRARY_PATH and the system's libraries are searched. Returns
-    (soname, path loaded or None), or (None, None) for a CPU-only libfmha."""
-    for soname in _needed(lib_path):
-        if not soname.startswith("libcudart.so."):
-            continue
-        if _already_loaded(soname):  # e.g. torch's: one runtime per process
-            return soname, None
-        path = _find_cudart(soname, _nvidia_roots())
-        if path:
-            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        return soname, path
-    return None, None
+        return ctypes.CDLL(path)
+    except OSError as e:
+        missing = _CUDART.search(str(e))
+        if not missing:
+            raise
+        runtime = _find_cudart(missing.group(0), _nvidia_roots())
+        if runtime is None:
+            raise ImportError("fmha: %s was built with CUDA and needs its runtime %s, found "
+                              "neither in a pip package nor on the system: `pip install "
+                              "\"fmha[cuda13]\"` installs CUDA 13's, or put CUDA's lib64 on "
+                              "LD_LIBRARY_PATH (%s)" % (path, missing.group(0), e)) from e
+        ctypes.CDLL(runtime, mode=ctypes.RTLD_GLOBAL)
+        return ctypes.CDLL(path)
 
 
 def _load():
@@ -326,16 +281,7 @@ def _load():
             tried.append(os.path.abspath(path))
             continue
         path = os.path.abspath(path)
-        cudart, _ = _preload_cuda_runtime(path)
-        try:
-            return ctypes.CDLL(path), path
-        except OSError as e:
-            if cudart and cudart in str(e):
-                raise ImportError("fmha: %s was built with CUDA and needs its runtime %s, found "
-                                  "neither in a pip package nor on the system: `pip install "
-                                  "\"fmha[cuda13]\"` installs CUDA 13's, or put CUDA's lib64 on "
-                                  "LD_LIBRARY_PATH (%s)" % (path, cudart, e)) from e
-            raise
+        return _open(path), path
     raise ImportError("fmha: libfmha.so not found (looked at %s); install the package with "
                       "`pip install .` from the repository root, or point FMHA_LIBRARY "
                       "at a built libfmha.so" % ", ".join(tried))

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant] [quant-ncu]
+# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant] [quant-ncu]
 # ab: AB_BASE=DIR, a source tree of another commit (git archive COMMIT CMakeLists.txt src include
 # tools tests | tar -x -C DIR), is built into build-base and timed beside this tree's library in one
 # process (bench_cuda.py --ab-lib); AB_BASE is built in the background while the other steps run.
@@ -44,6 +44,16 @@ for step in "$@"; do
         FMHA_TEST_CASES=${CASES:-300} timeout 400 build-gpu/test_cuda > "$OUT/test_cuda.log" 2>&1
         summary+=("test_cuda rc=$? $(tail -1 "$OUT/test_cuda.log")")
         grep FAIL "$OUT/test_cuda.log" | head -20 ;;
+    bwd) # the CUDA backward: its test suite, compute-sanitizer on a few cases, the benchmark (BWD_BENCH: its flags)
+        FMHA_TEST_CASES=${CASES:-200} timeout 400 build-gpu/test_cuda_backward > "$OUT/test_cuda_backward.log" 2>&1
+        summary+=("test_cuda_backward rc=$? $(tail -1 "$OUT/test_cuda_backward.log")")
+        grep FAIL "$OUT/test_cuda_backward.log" | head -20
+        FMHA_TEST_CASES=6 timeout 300 compute-sanitizer --tool memcheck build-gpu/test_cuda_backward > "$OUT/memcheck_bwd.log" 2>&1
+        summary+=("memcheck bwd rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_bwd.log" | tail -1)")
+        FMHA_TEST_CASES=3 timeout 300 compute-sanitizer --tool racecheck build-gpu/test_cuda_backward > "$OUT/racecheck_bwd.log" 2>&1
+        summary+=("racecheck bwd rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck_bwd.log" | tail -1)")
+        timeout 400 python3 bench/bench_backward.py --lib build-gpu/libfmha.so ${BWD_BENCH:---quick} > "$OUT/bench_backward.log" 2>&1
+        summary+=("bench_backward rc=$?"); tail -12 "$OUT/bench_backward.log" ;;
     sass) # the Hopper kernel must issue HGMMA and keep its registers out of local memory
         cuobjdump --dump-sass build-gpu/CMakeFiles/fmha.dir/src/cuda/hopper/launch.cu.o > "$OUT/hopper.sass" 2>&1
         summary+=("sass: $(grep -c HGMMA "$OUT/hopper.sass") HGMMA, $(grep -c QGMMA "$OUT/hopper.sass") QGMMA, $(grep -cE 'LDL|STL' "$OUT/hopper.sass") LDL/STL, $(grep -c 'UTMALDG' "$OUT/hopper.sass") UTMALDG")

@@ -237,16 +237,35 @@ static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
     fmha_status st = fmha_plan_backward(&layer->plan, &bwd);
     if (st != FMHA_STATUS_OK)
         return st;
+    /* Validation reads cu_seqlens on the host: a device backend copies them;
+     * the backend reads the caller's (pb.bwd). */
+    fmha_backward_args host = *args;
+    int32_t *cq = NULL, *ck = NULL;
+    if (layer->be->host_cu_seqlens && args->cu_seqlens_q) {
+        fmha_forward_args lens = {.cu_seqlens_q = args->cu_seqlens_q,
+                                  .cu_seqlens_k = args->cu_seqlens_k,
+                                  .varlen_batch = args->varlen_batch};
+        if ((st = layer->be->host_cu_seqlens(&lens, &cq, &ck)) != FMHA_STATUS_OK)
+            return st;
+        if (cq) {
+            host.cu_seqlens_q = cq;
+            host.cu_seqlens_k = ck;
+        }
+    }
     fmha_forward_args fwd;
     fmha_problem pb;
     /* batch 0: no row of any gradient. Otherwise seqlen_q 0 still has dk and
      * dv rows to zero, and seqlen_k 0 dq rows: the backend writes them. */
-    if ((st = fmha_validate_backward_args(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK ||
-        pb.batch == 0 || (st = check_finite(layer, &fwd)) != FMHA_STATUS_OK)
-        return st;
-    pb.cfg = &bwd.cfg;
-    layer->last = bwd;
-    return layer->be->backward(&bwd, &pb, &layer->ws);
+    if ((st = fmha_validate_backward_args(&layer->cfg, &host, &fwd, &pb)) == FMHA_STATUS_OK &&
+        pb.batch > 0 && (st = check_finite(layer, &fwd)) == FMHA_STATUS_OK) {
+        pb.cfg = &bwd.cfg;
+        pb.bwd = args;
+        layer->last = bwd;
+        st = layer->be->backward(&bwd, &pb, &layer->ws);
+    }
+    fmha_free(cq);
+    fmha_free(ck);
+    return st;
 }
 
 typedef enum { CALL_FORWARD, CALL_DECODE, CALL_BACKWARD } call_kind;

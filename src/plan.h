@@ -16,10 +16,12 @@ enum {
 #define FMHA_CPU_KERNEL(name, ...)     FMHA_KERNEL_ID_##name,
 #define FMHA_CUDA_KERNEL(name, ...)    FMHA_KERNEL_ID_##name,
 #define FMHA_CPU_BWD_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
+#define FMHA_CUDA_BWD_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
 #include "kernels.def"
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL
 #undef FMHA_CPU_BWD_KERNEL
+#undef FMHA_CUDA_BWD_KERNEL
     FMHA_KERNEL_COUNT
 };
 
@@ -47,7 +49,7 @@ typedef struct fmha_kernel_desc {
     int tma;      /* reads q, k, v through TMA: rows checked per call */
     int fallback; /* kernel id for views TMA cannot read; -1 = UNSUPPORTED */
     int caches;   /* reads keys and values through KV caches (decode) */
-    int backward; /* 1: a backward kernel (FMHA_CPU_BWD_KERNEL), never chosen for a forward */
+    int backward; /* 1: a backward kernel (FMHA_*_BWD_KERNEL), never chosen for a forward */
     int ops; /* CPU: the kernel id whose micro-kernel table it runs on (itself for a forward) */
 } fmha_kernel_desc;
 

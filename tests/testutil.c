@@ -262,3 +262,108 @@ int tu_cuda_begin(void)
     printf("device 0: %s\n", desc);
     return 1;
 }
+
+/* x rounded to a 16-bit dtype's nearest value. */
+static float round16(float x, fmha_dtype dt)
+{
+    return dt == FMHA_DTYPE_BF16 ? fmha_bf16_to_f32(fmha_f32_to_bf16(x))
+                                 : fmha_f16_to_f32(fmha_f32_to_f16(x));
+}
+
+void tu_naive_backward(const fmha_config *cfg, const fmha_backward_args *a, int operands16)
+{
+    const int r16 = operands16 && (cfg->dtype == FMHA_DTYPE_BF16 || cfg->dtype == FMHA_DTYPE_F16);
+    fmha_forward_args fwd;
+    fmha_problem pb;
+    if (fmha_validate_backward(cfg, a, &fwd, &pb) != FMHA_STATUS_OK) {
+        fprintf(stderr, "naive backward: %s\n", fmha_last_error());
+        exit(1);
+    }
+    const int64_t d = pb.d, dv = pb.dv, per = pb.max_sk * (2 + d + dv) + d + dv;
+    float *scratch = malloc(sizeof(float) * (size_t)(per * omp_get_max_threads() + 1));
+    const float scale = (float)pb.scale, cap = (float)cfg->softcap;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < pb.batch; b++) {
+        for (int64_t hk = 0; hk < pb.kv_heads; hk++) {
+            float *s = scratch + per * omp_get_thread_num(), *keep = s + pb.max_sk;
+            float *dq = keep + pb.max_sk, *dk = dq + d, *dvv = dk + pb.max_sk * d;
+            int64_t q0, sq, k0, sk;
+            fmha_seq_bounds(&pb, b, &q0, &sq, &k0, &sk);
+            const int64_t tb = pb.varlen ? 0 : b;
+            memset(dk, 0, sizeof(float) * (size_t)(sk * d));
+            memset(dvv, 0, sizeof(float) * (size_t)(sk * dv));
+            for (int64_t h = hk * pb.group; h < (hk + 1) * pb.group; h++)
+                for (int64_t i = 0; i < sq; i++) {
+                    const char *qr = fmha_row(&a->q, tb, q0 + i, h);
+                    const char *gr = fmha_row(&a->dout, tb, q0 + i, h);
+                    const char *orow = fmha_row(&a->out, tb, q0 + i, h);
+                    const float lse =
+                        a->lse[pb.varlen ? h * a->q.seqlen + q0 + i : (b * pb.heads + h) * sq + i];
+                    int64_t lo, hi;
+                    fmha_visible_range(cfg, i, sq, sk, &lo, &hi);
+                    float D = 0;
+                    for (int64_t c = 0; c < dv; c++)
+                        D += fmha_load_f32(gr, a->dout.dtype, c) *
+                             fmha_load_f32(orow, a->out.dtype, c);
+                    float *go = dvv + pb.max_sk * dv; /* dO as the products read it */
+                    for (int64_t c = 0; c < dv; c++) {
+                        const float x = fmha_load_f32(gr, a->dout.dtype, c);
+                        go[c] = r16 ? round16(x, cfg->dtype) : x;
+                    }
+                    memset(dq, 0, sizeof(float) * (size_t)d);
+                    for (int64_t j = lo; j < hi; j++) {
+                        const char *kr = fmha_row(&a->k, tb, k0 + j, hk);
+                        const char *vr = fmha_row(&a->v, tb, k0 + j, hk);
+                        float x = 0, dp = 0;
+                        for (int64_t c = 0; c < d; c++)
+                            x +=
+                                fmha_load_f32(qr, a->q.dtype, c) * fmha_load_f32(kr, a->k.dtype, c);
+                        x *= scale;
+                        const float sc = cap > 0 ? cap * tanhf(x / cap) : x;
+                        const float p = lse == -INFINITY ? 0.0f : expf(sc - lse);
+                        for (int64_t c = 0; c < dv; c++)
+                            dp += go[c] * fmha_load_f32(vr, a->v.dtype, c);
+                        float f = 1;
+                        if (pb.drop_threshold)
+                            f = fmha_dropout_keep(a->seed, a->offset, b, pb.heads, h, i, j,
+                                                  cfg->dropout_p)
+                                    ? (float)pb.drop_rescale
+                                    : 0.0f;
+                        float ds = p * (dp * f - D);
+                        if (cap > 0)
+                            ds *= 1 - (sc / cap) * (sc / cap);
+                        if (r16)
+                            ds = round16(ds, cfg->dtype);
+                        ds *= scale;
+                        const float pf = r16 ? round16(p * f, cfg->dtype) : p * f;
+                        for (int64_t c = 0; c < d; c++) {
+                            dq[c] += ds * fmha_load_f32(kr, a->k.dtype, c);
+                            dk[j * d + c] += ds * fmha_load_f32(qr, a->q.dtype, c);
+                        }
+                        for (int64_t c = 0; c < dv; c++)
+                            dvv[j * dv + c] += pf * go[c];
+                    }
+                    if (a->dq.data)
+                        for (int64_t c = 0; c < d; c++)
+                            fmha_store_f32(fmha_row(&a->dq, tb, q0 + i, h), a->dq.dtype, c, dq[c]);
+                }
+            for (int64_t j = 0; j < sk; j++) {
+                for (int64_t c = 0; a->dk.data && c < d; c++)
+                    fmha_store_f32(fmha_row(&a->dk, tb, k0 + j, hk), a->dk.dtype, c, dk[j * d + c]);
+                for (int64_t c = 0; a->dv.data && c < dv; c++)
+                    fmha_store_f32(fmha_row(&a->dv, tb, k0 + j, hk), a->dv.dtype, c,
+                                   dvv[j * dv + c]);
+            }
+        }
+    }
+    /* Tokens of a packed batch in no sequence: zero gradients. */
+    const fmha_tensor *gs[3] = {&a->dq, &a->dk, &a->dv};
+    for (int i = 0; i < 3 && pb.varlen; i++) {
+        const int64_t from = (i == 0 ? a->cu_seqlens_q : a->cu_seqlens_k)[pb.batch];
+        for (int64_t s = from; gs[i]->data && s < gs[i]->seqlen; s++)
+            for (int64_t h = 0; h < gs[i]->heads; h++)
+                for (int64_t c = 0; c < gs[i]->head_dim; c++)
+                    fmha_store_f32(fmha_row(gs[i], 0, s, h), gs[i]->dtype, c, 0.0f);
+    }
+    free(scratch);
+}

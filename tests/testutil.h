@@ -49,6 +49,11 @@ int tu_gaps_untouched(const tu_tensor *x, unsigned char poison);
  * kernels do): its error against the reference is the yardstick for a fast
  * path's error. */
 int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a);
+/* The backward in f32 arithmetic from the out and lse given, one row at a
+ * time with plain running sums: the yardstick of a backward kernel's error.
+ * operands16: with 16-bit inputs, dO, P and dS are rounded to the inputs'
+ * dtype before their products, as 16-bit tensor-core kernels round them. */
+void tu_naive_backward(const fmha_config *cfg, const fmha_backward_args *a, int operands16);
 
 /* Counting. */
 extern int tu_passed, tu_failed;

@@ -1,7 +1,7 @@
 /* cuda_backend.cu — the CUDA backend's table of operations (backend.h):
  * device queries, device memory, cu_seqlens for validation, and the forward
  * call handed to the plan's kernel (cuda_flash.cu's portable one, or the
- * Hopper kernel in hopper/). The FP8 quantizer and fp8_smooth_k are
+ * Hopper kernel in hopper/), the backward to cuda_backward.cu's. The FP8 quantizer and fp8_smooth_k are
  * cuda_fp8.cu's. */
 #include "cuda_common.cuh"
 #include "../alloc.h"
@@ -139,6 +139,32 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
     }
 }
 
+/* Runs a validated backward call on the backward kernel, on the current
+ * device and args->stream, after checking that every pointer is device memory. */
+static fmha_status cuda_backward(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws)
+{
+    (void)ws;
+    const fmha_backward_args *a = pb->bwd;
+    const struct {
+        const void *ptr;
+        const char *name;
+    } ptrs[] = {{a->q.data, "q"},       {a->k.data, "k"},   {a->v.data, "v"},
+                {a->out.data, "out"},   {a->dout.data, "dout"}, {a->lse, "lse"},
+                {a->dq.data, "dq"},     {a->dk.data, "dk"}, {a->dv.data, "dv"},
+                {a->cu_seqlens_q, "cu_seqlens_q"}, {a->cu_seqlens_k, "cu_seqlens_k"}};
+    for (const auto &p : ptrs) {
+        if (!p.ptr)
+            continue;
+        fmha_status st = check_device_pointer(p.ptr, p.name, layer_fix);
+        if (st != FMHA_STATUS_OK)
+            return st;
+    }
+    if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80_bwd)
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not a backward kernel",
+                              plan->kernel->info.name);
+    return portable_backward(plan, pb);
+}
+
 static int cuda_level(void)
 {
     int dev = 0, major = 0, minor = 0;
@@ -163,6 +189,8 @@ static fmha_status cuda_plan_variant(fmha_plan *plan)
 {
     plan->max_cluster = 1;
     plan->has_two_level = 0;
+    if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_flash_sm80_bwd)
+        return backward_variant(plan);
 #ifdef FMHA_HAVE_CUDA_HOPPER
     if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80)
         return hopper_variant(plan);
@@ -197,5 +225,5 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_merge,
     fmha_cuda_copy,
     fmha_cuda_fill_f32,
-    NULL, /* backward: not built yet (select.c refuses a CUDA backward) */
+    cuda_backward,
 };

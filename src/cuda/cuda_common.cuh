@@ -370,6 +370,11 @@ fmha_status portable_variant(fmha_plan *plan);
 fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
                              cudaStream_t stream);
 
+/* cuda_backward.cu: the backward kernel's variant for a plan (head dim), and
+ * a validated backward call (pb->bwd) on it. */
+fmha_status backward_variant(fmha_plan *plan);
+fmha_status portable_backward(const fmha_plan *plan, const fmha_problem *pb);
+
 #ifdef FMHA_HAVE_CUDA_HOPPER
 /* The Hopper kernels: the variant for a plan (compiled head dim, tile,
  * clusters, two-level accumulation), and a call on the sm_90a kernel (f16/bf16

@@ -104,7 +104,7 @@ class Config(C.Structure):
                 ("causal", C.c_int), ("window_left", C.c_int64), ("window_right", C.c_int64),
                 ("softcap", C.c_double), ("dropout_p", C.c_double), ("device", C.c_int),
                 ("cpu_isa", C.c_int), ("num_threads", C.c_int), ("fp8_compute", C.c_int),
-                ("fp8_smooth_k", C.c_int)]
+                ("fp8_smooth_k", C.c_int), ("check_finite", C.c_int), ("deterministic", C.c_int)]
 
 
 class Args(C.Structure):

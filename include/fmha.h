@@ -533,7 +533,8 @@ FMHA_API fmha_status fmha_kernel_select(const fmha_config *cfg, fmha_kernel_info
 
 /* The same for the backward: which kernel fmha_layer_backward and
  * fmha_backward would run for cfg, or UNSUPPORTED and why (no backward for
- * f8_e4m3 inputs or fp8_compute, nor yet on CUDA). */
+ * f8_e4m3 inputs or fp8_compute; on CUDA f16/bf16 inputs and head dims up
+ * to 256). */
 FMHA_API fmha_status fmha_kernel_select_backward(const fmha_config *cfg, fmha_kernel_info *info);
 
 /* -------------------------------------------------------------------- layer */

@@ -117,16 +117,20 @@ void dev_args_free(dev_args *d)
     memset(d->owned, 0, sizeof d->owned);
 }
 
-fmha_status dev_time_forward(fmha_layer *layer, const dev_args *d, double *ms)
+/* Milliseconds of fn(layer, args), timed by events on `stream` (CUDA) or
+ * the host clock (CPU). */
+static fmha_status time_call(fmha_device device, void *stream, fmha_status (*fn)(fmha_layer *,
+                                                                                const void *),
+                             fmha_layer *layer, const void *args, double *ms)
 {
 #ifdef FMHA_HAVE_CUDA
-    if (d->device == FMHA_DEVICE_CUDA) {
+    if (device == FMHA_DEVICE_CUDA) {
         cudaEvent_t start, stop;
         cudaEventCreate(&start);
         cudaEventCreate(&stop);
-        cudaEventRecord(start, d->a.stream);
-        fmha_status st = fmha_layer_forward(layer, &d->a);
-        cudaEventRecord(stop, d->a.stream);
+        cudaEventRecord(start, stream);
+        fmha_status st = fn(layer, args);
+        cudaEventRecord(stop, stream);
         cudaError_t e = cudaEventSynchronize(stop);
         float t = 0;
         cudaEventElapsedTime(&t, start, stop);
@@ -139,11 +143,83 @@ fmha_status dev_time_forward(fmha_layer *layer, const dev_args *d, double *ms)
         }
         return st;
     }
+#else
+    (void)device;
+    (void)stream;
 #endif
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    fmha_status st = fmha_layer_forward(layer, &d->a);
+    fmha_status st = fn(layer, args);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
     return st;
+}
+
+static fmha_status call_forward(fmha_layer *layer, const void *args)
+{
+    return fmha_layer_forward(layer, args);
+}
+
+static fmha_status call_backward(fmha_layer *layer, const void *args)
+{
+    return fmha_layer_backward(layer, args);
+}
+
+fmha_status dev_time_forward(fmha_layer *layer, const dev_args *d, double *ms)
+{
+    return time_call(d->device, d->a.stream, call_forward, layer, &d->a, ms);
+}
+
+fmha_status dev_time_backward(fmha_layer *layer, const dev_bwd *d, double *ms)
+{
+    return time_call(d->device, d->a.stream, call_backward, layer, &d->a, ms);
+}
+
+int dev_bwd_upload(dev_bwd *d, const fmha_backward_args *host, const dev_args *fwd, char *err,
+                   size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    d->a = *host;
+    d->device = fwd->device;
+    if (fwd->device == FMHA_DEVICE_CPU)
+        return 0;
+#ifdef FMHA_HAVE_CUDA
+    d->a.q = fwd->a.q;
+    d->a.k = fwd->a.k;
+    d->a.v = fwd->a.v;
+    d->a.out = fwd->a.out;
+    d->a.lse = fwd->a.lse;
+    d->a.cu_seqlens_q = fwd->a.cu_seqlens_q;
+    d->a.cu_seqlens_k = fwd->a.cu_seqlens_k;
+    d->a.stream = fwd->a.stream;
+    fmha_tensor *views[DEV_BWD_OWNED] = {&d->a.dout, &d->a.dq, &d->a.dk, &d->a.dv};
+    for (int i = 0; i < DEV_BWD_OWNED; i++) {
+        if (!views[i]->data)
+            continue;
+        const size_t bytes = tensor_bytes(views[i]);
+        cudaError_t e = cudaMalloc(&d->owned[i], bytes);
+        if (e == cudaSuccess && i == 0)
+            e = cudaMemcpy(d->owned[i], views[i]->data, bytes, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            snprintf(err, errlen, "copying %zu bytes to the GPU: %s", bytes, cudaGetErrorString(e));
+            dev_bwd_free(d);
+            return -1;
+        }
+        views[i]->data = d->owned[i];
+    }
+    return 0;
+#else
+    snprintf(err, errlen, "this fmha was built without a CUDA backend");
+    return -1;
+#endif
+}
+
+void dev_bwd_free(dev_bwd *d)
+{
+#ifdef FMHA_HAVE_CUDA
+    for (int i = 0; i < DEV_BWD_OWNED; i++)
+        if (d->owned[i])
+            cudaFree(d->owned[i]);
+#endif
+    memset(d->owned, 0, sizeof d->owned);
 }

@@ -25,4 +25,22 @@ void dev_args_free(dev_args *d);
 /* Milliseconds of one fmha_layer_forward, with the device finished. */
 fmha_status dev_time_forward(fmha_layer *layer, const dev_args *d, double *ms);
 
+#define DEV_BWD_OWNED 4 /* dout, dq, dk, dv */
+
+/* A backward's arguments on the device of a forward's (dev_args): q, k, v,
+ * out and lse are the forward's device buffers, dout a device copy, dq, dk
+ * and dv device buffers of the host views' sizes. */
+typedef struct dev_bwd {
+    fmha_backward_args a;
+    void *owned[DEV_BWD_OWNED];
+    fmha_device device;
+} dev_bwd;
+
+int dev_bwd_upload(dev_bwd *d, const fmha_backward_args *host, const dev_args *fwd, char *err,
+                   size_t errlen);
+void dev_bwd_free(dev_bwd *d);
+
+/* Milliseconds of one fmha_layer_backward, with the device finished. */
+fmha_status dev_time_backward(fmha_layer *layer, const dev_bwd *d, double *ms);
+
 #endif

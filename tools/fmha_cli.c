@@ -47,8 +47,8 @@ static const char usage_text[] =
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
     "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
     "      [--iters N] [--json] [--backward]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
-    "      --backward also times the backward (CPU) and forward + backward, with the\n"
-    "      forward in the same loop; backward FLOPs are 2.5x the forward's\n"
+    "      --backward also times the backward and forward + backward (CPU, or CUDA with\n"
+    "      f16/bf16), the forward in the same loop; backward FLOPs are 2.5x the forward's\n"
     "  accuracy [--model PRESET | shape options as bench] [--causal] [--threads N] [--seed N]\n"
     "      relative L2 error of FP8 attention against the float64 reference and the bf16\n"
     "      path, on Gaussian inputs and on K with outlier channels (scaled or offset), for each\n"
@@ -967,7 +967,7 @@ done:
     return rc;
 }
 
-/* --backward: the backward of dtype `dt` on the host, and the forward beside
+/* --backward: the backward of dtype `dt` on o->device, and the forward beside
  * it, timed in turn in one loop; one line for the backward, one for forward
  * + backward. FLOPs: the backward counts 2.5 forwards (FlashAttention's
  * benchmarks' convention: five products of the forward's two), so fwd+bwd
@@ -995,7 +995,9 @@ static int bench_backward(const options *o, const bench_shape *s, fmha_dtype dt,
          *dv = malloc((size_t)nk * es);
     float *lse = malloc(sizeof(float) * (size_t)(s->batch * s->heads * s->sq));
     double *times = NULL;
-    int rc = 1;
+    int rc = 1, uploaded = 0;
+    dev_args df;
+    dev_bwd db;
     if (!q || !k || !v || !dout || !out || !dq || !dk || !dv || !lse) {
         fprintf(stderr, "fmha: out of memory for the benchmark inputs\n");
         goto done;
@@ -1013,17 +1015,24 @@ static int bench_backward(const options *o, const bench_shape *s, fmha_dtype dt,
     b.dq = fmha_tensor_bshd(dq, dt, s->batch, s->sq, s->heads, s->d);
     b.dk = fmha_tensor_bshd(dk, dt, s->batch, s->sk, s->kv, s->d);
     b.dv = fmha_tensor_bshd(dv, dt, s->batch, s->sk, s->kv, s->d);
-    double t0 = now_s();
-    if ((st = fmha_layer_forward(layer, &f)) != FMHA_STATUS_OK) {
+    /* On CUDA, device copies (tools/devmem.c); on the CPU, the buffers themselves. */
+    char err[256];
+    if (dev_args_upload(&df, &f, o->device, err, sizeof err) ||
+        dev_bwd_upload(&db, &b, &df, err, sizeof err)) {
+        fprintf(stderr, "fmha: %s\n", err);
+        goto done;
+    }
+    uploaded = 1;
+    double tf = 0, tb = 0;
+    if ((st = dev_time_forward(layer, &df, &tf)) != FMHA_STATUS_OK) {
         rc = fail_lib("attention failed", st);
         goto done;
     }
-    double t1 = now_s();
-    if ((st = fmha_layer_backward(layer, &b)) != FMHA_STATUS_OK) { /* and warm-up */
+    if ((st = dev_time_backward(layer, &db, &tb)) != FMHA_STATUS_OK) { /* and warm-up */
         rc = fail_lib("backward failed", st);
         goto done;
     }
-    const double one = now_s() - t1 + (t1 - t0);
+    const double one = (tf + tb) * 1e-3;
     int iters = o->iters;
     if (!iters) {
         const double n = one > 0 ? 2.0 / one : 100; /* about two seconds */
@@ -1035,12 +1044,10 @@ static int bench_backward(const options *o, const bench_shape *s, fmha_dtype dt,
         goto done;
     }
     for (int i = 0; i < iters; i++) {
-        t0 = now_s();
-        fmha_layer_forward(layer, &f);
-        t1 = now_s();
-        fmha_layer_backward(layer, &b);
-        times[i] = t1 - t0;
-        times[iters + i] = now_s() - t1;
+        dev_time_forward(layer, &df, &times[i]);
+        dev_time_backward(layer, &db, &times[iters + i]);
+        times[i] *= 1e-3;
+        times[iters + i] *= 1e-3;
     }
     qsort(times, (size_t)iters, sizeof times[0], cmp_double);
     qsort(times + iters, (size_t)iters, sizeof times[0], cmp_double);
@@ -1058,6 +1065,11 @@ static int bench_backward(const options *o, const bench_shape *s, fmha_dtype dt,
                shape, fmha_dtype_name(dt), kinfo.name,
                o->threads ? o->threads : omp_get_max_threads(), iters, fwd * 1e3, bwd * 1e3, g_bwd,
                g_all, peak_f32);
+    } else if (o->device == FMHA_DEVICE_CUDA) { /* the peers: bench/bench_backward.py */
+        printf("%-44s %-5s %-19s %9.3f ms %8.1f TFLOP/s  %.2fx the forward\n", shape,
+               fmha_dtype_name(dt), kinfo.name, bwd * 1e3, g_bwd * 1e-3, bwd / fwd);
+        printf("%-44s %-5s %-19s %9.3f ms %8.1f TFLOP/s  (fwd+bwd)\n", "", fmha_dtype_name(dt), "",
+               (fwd + bwd) * 1e3, g_all * 1e-3);
     } else {
         printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of f32 FMA peak (%.0f), %.2fx "
                "the forward\n",
@@ -1070,6 +1082,10 @@ static int bench_backward(const options *o, const bench_shape *s, fmha_dtype dt,
     fflush(stdout);
     rc = 0;
 done:
+    if (uploaded) {
+        dev_bwd_free(&db);
+        dev_args_free(&df);
+    }
     fmha_layer_free(layer);
     free(times);
     free(q);
@@ -1152,11 +1168,6 @@ static int cmd_bench(int argc, char **argv)
             printf("fp8: FP8 attention on inputs quantized beforehand (per tensor); fp8q: a bf16 "
                    "layer with fp8_compute, quantizing on every call\n");
         return rc;
-    }
-    if (o.backward && o.device != FMHA_DEVICE_CPU) {
-        fprintf(stderr, "fmha: bench --backward runs on the CPU only: the CUDA backward is not "
-                        "built yet\n");
-        return EXIT_USAGE;
     }
     const fmha_dtype dts[2] = {FMHA_DTYPE_F32, FMHA_DTYPE_BF16};
     int rc = 0;

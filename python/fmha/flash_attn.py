@@ -4,8 +4,8 @@ argument names, order, defaults and return conventions, so
 `from flash_attn import flash_attn_func` in inference and training code.
 torch tensors run through the fmha::* torch ops (fmha.torch_ops), whose
 autograd formula is fmha's backward and which torch.compile traces without
-graph breaks: gradients on CPU tensors only for now (the CUDA backward is
-not built yet and raises UnsupportedError when the gradient is asked for).
+graph breaks: gradients on CPU tensors and on CUDA tensors of f16/bf16
+(fmha's portable CUDA backward).
 
 Differences from flash_attn:
 - alibi_slopes, cache_leftpad, and block_table of flash_attn_varlen_func

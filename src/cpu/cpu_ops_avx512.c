@@ -105,6 +105,23 @@ static void to_f32(float *dst, const void *src, fmha_dtype dtype, int64_t n, flo
 
 #include "cpu_ops_io.h"
 
+/* Channels [c, c + 16) of an f32, f16 or bf16 row as f32. */
+static inline __m512 loadx_avx512(const char *row, fmha_dtype dt, int64_t c)
+{
+    const uint16_t *h = (const uint16_t *)row + c;
+    switch (dt) {
+    case FMHA_DTYPE_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
+    case FMHA_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    default: return _mm512_loadu_ps((const float *)row + c);
+    }
+}
+
+#define VLOADX loadx_avx512
+#define VHSUM  _mm512_reduce_add_ps
+#include "cpu_ops_rows.h"
+
 const fmha_cpu_ops fmha_ops_cpu_avx512_f32 = {
     .lanes = VL,
     .elem = 4,
@@ -117,6 +134,8 @@ const fmha_cpu_ops fmha_ops_cpu_avx512_f32 = {
     .pack_p = pack_p,
     .pv = pv,
     .store = store,
+    .row_qk = row_qk,
+    .row_pv = row_pv,
     .load_rows = load_rows,
     .pack_rows_t = pack_rows_t,
     .exp_cols = exp_cols,

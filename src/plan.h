@@ -13,9 +13,9 @@ extern "C" {
 
 /* Kernel ids, in the order of kernels.def. */
 enum {
-#define FMHA_CPU_KERNEL(name, ...)     FMHA_KERNEL_ID_##name,
-#define FMHA_CUDA_KERNEL(name, ...)    FMHA_KERNEL_ID_##name,
-#define FMHA_CPU_BWD_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
+#define FMHA_CPU_KERNEL(name, ...)      FMHA_KERNEL_ID_##name,
+#define FMHA_CUDA_KERNEL(name, ...)     FMHA_KERNEL_ID_##name,
+#define FMHA_CPU_BWD_KERNEL(name, ...)  FMHA_KERNEL_ID_##name,
 #define FMHA_CUDA_BWD_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
 #include "kernels.def"
 #undef FMHA_CPU_KERNEL

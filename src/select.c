@@ -57,20 +57,21 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                                0,                                                    \
                                1,                                                    \
                                FMHA_KERNEL_ID_##ops},
-#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d)                \
-    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name}, \
-                               min_sm,                                                         \
-                               #family,                                                        \
-                               #compute,                                                       \
-                               inputs,                                                         \
-                               0,                                                              \
-                               max_d,                                                          \
-                               0,                                                              \
-                               0,                                                              \
-                               -1,                                                             \
-                               0,                                                              \
-                               1,                                                              \
-                               FMHA_KERNEL_ID_##name},
+#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d)            \
+    [FMHA_KERNEL_ID_##                                                                \
+        name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name}, \
+                 min_sm,                                                              \
+                 #family,                                                             \
+                 #compute,                                                            \
+                 inputs,                                                              \
+                 0,                                                                   \
+                 max_d,                                                               \
+                 0,                                                                   \
+                 0,                                                                   \
+                 -1,                                                                  \
+                 0,                                                                   \
+                 1,                                                                   \
+                 FMHA_KERNEL_ID_##name},
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1

@@ -256,13 +256,8 @@ static void test_refusals(tu_rng *r)
     tu_tensor_init(&dq, FMHA_DTYPE_BF16, 1, 8, 2, 64, 0, 0xFF);
     tu_fill_normal(&q, r, 1.0);
     float lse[16] = {0};
-    fmha_backward_args a = {.q = q.t,
-                            .k = k.t,
-                            .v = v.t,
-                            .out = out.t,
-                            .dout = dout.t,
-                            .lse = lse,
-                            .dq = dq.t};
+    fmha_backward_args a = {
+        .q = q.t, .k = k.t, .v = v.t, .out = out.t, .dout = dout.t, .lse = lse, .dq = dq.t};
     fmha_status st = fmha_backward(&cfg, &a);
     TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT && strstr(fmha_last_error(), "host memory") &&
                  tu_gaps_untouched(&dq, 0xFF) && isnan(tu_get(&dq, 0, 0, 0, 0)),

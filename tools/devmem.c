@@ -119,9 +119,9 @@ void dev_args_free(dev_args *d)
 
 /* Milliseconds of fn(layer, args), timed by events on `stream` (CUDA) or
  * the host clock (CPU). */
-static fmha_status time_call(fmha_device device, void *stream, fmha_status (*fn)(fmha_layer *,
-                                                                                const void *),
-                             fmha_layer *layer, const void *args, double *ms)
+static fmha_status time_call(fmha_device device, void *stream,
+                             fmha_status (*fn)(fmha_layer *, const void *), fmha_layer *layer,
+                             const void *args, double *ms)
 {
 #ifdef FMHA_HAVE_CUDA
     if (device == FMHA_DEVICE_CUDA) {

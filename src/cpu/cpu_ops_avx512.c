@@ -111,8 +111,8 @@ static inline __m512 loadx_avx512(const char *row, fmha_dtype dt, int64_t c)
     const uint16_t *h = (const uint16_t *)row + c;
     switch (dt) {
     case FMHA_DTYPE_BF16:
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
     case FMHA_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
     default: return _mm512_loadu_ps((const float *)row + c);
     }

@@ -148,10 +148,17 @@ static fmha_status cuda_backward(const fmha_plan *plan, const fmha_problem *pb, 
     const struct {
         const void *ptr;
         const char *name;
-    } ptrs[] = {{a->q.data, "q"},       {a->k.data, "k"},   {a->v.data, "v"},
-                {a->out.data, "out"},   {a->dout.data, "dout"}, {a->lse, "lse"},
-                {a->dq.data, "dq"},     {a->dk.data, "dk"}, {a->dv.data, "dv"},
-                {a->cu_seqlens_q, "cu_seqlens_q"}, {a->cu_seqlens_k, "cu_seqlens_k"}};
+    } ptrs[] = {{a->q.data, "q"},
+                {a->k.data, "k"},
+                {a->v.data, "v"},
+                {a->out.data, "out"},
+                {a->dout.data, "dout"},
+                {a->lse, "lse"},
+                {a->dq.data, "dq"},
+                {a->dk.data, "dk"},
+                {a->dv.data, "dv"},
+                {a->cu_seqlens_q, "cu_seqlens_q"},
+                {a->cu_seqlens_k, "cu_seqlens_k"}};
     for (const auto &p : ptrs) {
         if (!p.ptr)
             continue;

@@ -39,12 +39,12 @@ struct bwd_params {
     const void *dout;
     int64_t do_sb, do_ss, do_sh;
     int do_dtype;
-    int do_direct;  /* dout in the inputs' dtype with 16-byte rows: cp.async */
-    void *g[3];     /* dq, dk, dv; NULL: not wanted */
+    int do_direct; /* dout in the inputs' dtype with 16-byte rows: cp.async */
+    void *g[3];    /* dq, dk, dv; NULL: not wanted */
     int64_t g_sb[3], g_ss[3], g_sh[3], g_rows[3], g_heads[3], g_dim[3];
     int g_dtype[3];
-    float *D;       /* rowsum(dO * O), indexed as the LSE */
-    float scale;    /* the softmax scale: dS to dQ and dK */
+    float *D;    /* rowsum(dO * O), indexed as the LSE */
+    float scale; /* the softmax scale: dS to dQ and dK */
     int64_t batch;
 };
 
@@ -171,7 +171,10 @@ __device__ __forceinline__ float keep_factor(const flash_params &p, int64_t b, i
     const int64_t g = col + p.pos_col0;
     const fmha_u32x4 w = fmha_dropout_words(p.seed, p.offset, b * p.pos_heads + p.pos_head0 + h,
                                             row + p.pos_row0, g);
-    const uint32_t x = (g & 3) == 0 ? w.v[0] : (g & 3) == 1 ? w.v[1] : (g & 3) == 2 ? w.v[2] : w.v[3];
+    const uint32_t x = (g & 3) == 0   ? w.v[0]
+                       : (g & 3) == 1 ? w.v[1]
+                       : (g & 3) == 2 ? w.v[2]
+                                      : w.v[3];
     return x >= p.drop_threshold ? p.drop_scale : 0.0f;
 }
 
@@ -196,8 +199,8 @@ __device__ __forceinline__ int64_t first_row(const flash_params &p, int64_t sq, 
 /* A gradient row's elements: x(c) for columns [0, cols) times mul. */
 template <int D, class X>
 __device__ __forceinline__ void store_grad_frag(const bwd_params &P, int which, int64_t tb,
-                                                int64_t tok, int head, int cols, int lane, float mul,
-                                                X x)
+                                                int64_t tok, int head, int cols, int lane,
+                                                float mul, X x)
 {
     const int64_t base = tb * P.g_sb[which] + tok * P.g_ss[which] + head * P.g_sh[which];
 #pragma unroll
@@ -335,8 +338,7 @@ __global__ void __launch_bounds__(128) bwd_dq(const bwd_params P)
                     }
                     const float pr = exp2_approx(fmaf(x, p.scale_log2, -lse2[rh]));
                     const int64_t key = n0 + c0 + e;
-                    const bool vis =
-                        full || (c0 + e < nvalid && lo[rh] <= key && key < hi[rh]);
+                    const bool vis = full || (c0 + e < nvalid && lo[rh] <= key && key < hi[rh]);
                     float f = 1.0f;
                     if (DROPOUT)
                         f = w[e] >= p.drop_threshold ? p.drop_scale : 0.0f;
@@ -408,9 +410,9 @@ __global__ void __launch_bounds__(128) bwd_dkdv(const bwd_params P)
         for (int64_t i0 = ia; i0 < ib; i0 += BQ) {
             const int nq = (int)min64(BQ, ib - i0);
             __syncthreads(); /* the previous step's reads are done */
-            load_tile<D, BQ, THREADS>(sQ, (const T *)p.q + tb * p.q_sb + (q0 + i0) * p.q_ss +
-                                              h * p.q_sh,
-                                      p.q_ss, nq, p.d, p.aligned);
+            load_tile<D, BQ, THREADS>(
+                sQ, (const T *)p.q + tb * p.q_sb + (q0 + i0) * p.q_ss + h * p.q_sh, p.q_ss, nq, p.d,
+                p.aligned);
             load_tile_any<D, BQ, THREADS>(
                 sdO,
                 (const char *)P.dout + (tb * P.do_sb + (q0 + i0) * P.do_ss + h * P.do_sh) * esz,
@@ -427,8 +429,8 @@ __global__ void __launch_bounds__(128) bwd_dkdv(const bwd_params P)
             int64_t lo_last, hi_last, lo_first, hi_first;
             fmha_mask_range(p.causal, p.window_left, p.window_right, i0, sq, sk, &lo_first,
                             &hi_first);
-            fmha_mask_range(p.causal, p.window_left, p.window_right, i0 + nq - 1, sq, sk,
-                            &lo_last, &hi_last);
+            fmha_mask_range(p.causal, p.window_left, p.window_right, i0 + nq - 1, sq, sk, &lo_last,
+                            &hi_last);
             const bool full = lo_last <= n0 && hi_first >= n0 + nk;
 
             /* S^T and dP^T: rows are this warp's 16 keys, columns the BQ queries. */
@@ -513,16 +515,17 @@ __global__ void bwd_zero_tails(const bwd_params P)
              e += (int64_t)gridDim.x * blockDim.x) {
             const int64_t c = e % P.g_dim[which], rest = e / P.g_dim[which];
             const int64_t h = rest % P.g_heads[which], s = from + rest / P.g_heads[which];
-            store_any(P.g[which], P.g_dtype[which],
-                      s * P.g_ss[which] + h * P.g_sh[which] + c, 0.0f);
+            store_any(P.g[which], P.g_dtype[which], s * P.g_ss[which] + h * P.g_sh[which] + c,
+                      0.0f);
         }
     }
 }
 
 /* ------------------------------------------------------------ launches */
 
-template <class K> cudaError_t launch_kernel(K kernel, dim3 grid, size_t smem, cudaStream_t stream,
-                                             const bwd_params &P)
+template <class K>
+cudaError_t launch_kernel(K kernel, dim3 grid, size_t smem, cudaStream_t stream,
+                          const bwd_params &P)
 {
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -543,8 +546,8 @@ cudaError_t launch_dq(const bwd_params &P, int64_t max_sq, cudaStream_t stream)
 template <int D, bool BF16, bool DROPOUT>
 cudaError_t launch_dkdv(const bwd_params &P, int64_t max_sk, cudaStream_t stream)
 {
-    dim3 grid((unsigned)((max_sk + kv_tile<D>::BN - 1) / kv_tile<D>::BN),
-              (unsigned)P.f.kv_heads, (unsigned)P.batch);
+    dim3 grid((unsigned)((max_sk + kv_tile<D>::BN - 1) / kv_tile<D>::BN), (unsigned)P.f.kv_heads,
+              (unsigned)P.batch);
     const size_t smem = kv_tile<D>::SMEM;
     if constexpr (D <= 128) {
         return launch_kernel(bwd_dkdv<D, BF16, DROPOUT, true, true>, grid, smem, stream, P);
@@ -581,12 +584,12 @@ fmha_status backward_variant(fmha_plan *plan)
 {
     const int64_t dmax =
         plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
-#define FMHA_VARIANT(D)                 \
-    if (dmax <= D) {                    \
-        plan->head_dim_variant = D;     \
-        plan->tile_m = dq_tile<D>::BM;  \
-        plan->tile_n = kv_tile<D>::BN;  \
-        return FMHA_STATUS_OK;          \
+#define FMHA_VARIANT(D)                \
+    if (dmax <= D) {                   \
+        plan->head_dim_variant = D;    \
+        plan->tile_m = dq_tile<D>::BM; \
+        plan->tile_n = kv_tile<D>::BN; \
+        return FMHA_STATUS_OK;         \
     }
     FMHA_CUDA_BWD_HEAD_DIMS(FMHA_VARIANT)
 #undef FMHA_VARIANT
@@ -639,8 +642,8 @@ fmha_status portable_backward(const fmha_plan *plan, const fmha_problem *pb)
         err = cudaGetLastError();
     }
     const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
-#define FMHA_LAUNCH(D)                                                                      \
-    if (err == cudaSuccess && plan->head_dim_variant == D)                                  \
+#define FMHA_LAUNCH(D)                                     \
+    if (err == cudaSuccess && plan->head_dim_variant == D) \
         err = bf16 ? launch_grads<D, true>(P, pb, stream) : launch_grads<D, false>(P, pb, stream);
     FMHA_CUDA_BWD_HEAD_DIMS(FMHA_LAUNCH)
 #undef FMHA_LAUNCH
@@ -650,8 +653,7 @@ fmha_status portable_backward(const fmha_plan *plan, const fmha_problem *pb)
     }
     if (P.D)
         cudaFreeAsync(P.D, stream);
-    return err == cudaSuccess ? FMHA_STATUS_OK
-                              : cuda_error(err, "the backward kernel launch");
+    return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the backward kernel launch");
 }
 
 } // namespace fmha_cuda

@@ -515,3 +515,181 @@ void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t s, int64_t key
         free(lse);
     }
 }
+
+/* ------------------------------------------------------------ backward */
+
+static double bwd_max_abs(const tu_tensor *x)
+{
+    double m = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t c = 0; c < t->head_dim; c++)
+                    m = fmax(m, fabs(tu_get(x, b, s, h, c)));
+    return m;
+}
+
+static void bwd_describe(const tcase *c, fmha_dtype gdt, int want, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s grad=%s "
+             "layouts=%d%d%d causal=%d win=(%lld,%lld) softcap=%g drop=%g scale=%g varlen=%d "
+             "threads=%d want=%d",
+             c->device == FMHA_DEVICE_CPU ? fmha_cpu_isa_name(c->isa) : "cuda", (long long)c->batch,
+             (long long)c->sq, (long long)c->sk, (long long)c->heads, (long long)c->kv,
+             (long long)c->d, (long long)c->dv, fmha_dtype_name(c->dt), fmha_dtype_name(c->odt),
+             fmha_dtype_name(gdt), c->lq, c->lkv, c->lo, c->causal, (long long)c->wl,
+             (long long)c->wr, c->softcap, c->dropout, c->scale, c->varlen, c->threads, want);
+}
+
+static fmha_config bwd_config(const tcase *c)
+{
+    fmha_config cfg;
+    fmha_config_init(&cfg, c->heads, c->kv, c->d);
+    cfg.head_dim_v = c->dv;
+    cfg.dtype = c->dt;
+    cfg.causal = c->causal;
+    cfg.window_left = c->wl;
+    cfg.window_right = c->wr;
+    cfg.softcap = c->softcap;
+    cfg.dropout_p = c->dropout;
+    cfg.softmax_scale = c->scale;
+    cfg.device = c->device;
+    if (c->device == FMHA_DEVICE_CPU) {
+        cfg.cpu_isa = c->isa;
+        cfg.num_threads = c->threads;
+    }
+    return cfg;
+}
+
+double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int operands16,
+                          tbwd_runner run, tu_rng *rng)
+{
+    char desc[640];
+    bwd_describe(c, gdt, want, desc, sizeof desc);
+    fmha_config cfg = bwd_config(c);
+
+    int32_t *cuq = NULL, *cuk = NULL;
+    int64_t tb = c->batch, tq = c->sq, tk = c->sk;
+    if (c->varlen) { /* random lengths, zeros included, and a tail of tokens in no sequence */
+        cuq = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+        cuk = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+        cuq[0] = cuk[0] = 0;
+        for (int64_t b = 0; b < c->batch; b++) {
+            cuq[b + 1] = cuq[b] + (int32_t)tu_range(rng, c->sq + 1);
+            cuk[b + 1] = cuk[b] + (int32_t)tu_range(rng, c->sk + 1);
+        }
+        tb = 1;
+        tq = cuq[c->batch] + 2;
+        tk = cuk[c->batch] + 1;
+    }
+    tu_tensor q, k, v, out, dout, g[3], ref[3], naive[3];
+    tu_tensor_init(&q, c->dt, tb, tq, c->heads, c->d, c->lq, 0xA5);
+    tu_tensor_init(&k, c->dt, tb, tk, c->kv, c->d, c->lkv, 0xA5);
+    tu_tensor_init(&v, c->dt, tb, tk, c->kv, c->dv, c->lkv, 0xA5);
+    tu_tensor_init(&out, c->odt, tb, tq, c->heads, c->dv, c->lo, 0);
+    tu_tensor_init(&dout, gdt, tb, tq, c->heads, c->dv, c->lo, 0xA5);
+    tu_fill_normal(&q, rng, 1.0);
+    tu_fill_normal(&k, rng, 1.0);
+    tu_fill_normal(&v, rng, 1.0);
+    tu_fill_normal(&dout, rng, 1.0);
+    const tu_tensor *in[3] = {&q, &k, &v};
+    for (int i = 0; i < 3; i++) {
+        const fmha_tensor *t = &in[i]->t;
+        tu_tensor_init(&g[i], gdt, t->batch, t->seqlen, t->heads, t->head_dim, lg, 0xFF);
+        tu_tensor_init(&ref[i], FMHA_DTYPE_F32, t->batch, t->seqlen, t->heads, t->head_dim, 0,
+                       0xFF);
+        tu_tensor_init(&naive[i], gdt, t->batch, t->seqlen, t->heads, t->head_dim, 0, 0xFF);
+    }
+    float *lse = malloc(sizeof(float) * (size_t)(c->heads * tq * tb));
+
+    fmha_forward_args fa = {.q = q.t, .k = k.t, .v = v.t, .out = out.t, .lse = lse};
+    fa.cu_seqlens_q = cuq;
+    fa.cu_seqlens_k = cuk;
+    fa.varlen_batch = c->varlen ? c->batch : 0;
+    fa.seed = tu_next(rng);
+    fa.offset = tu_next(rng);
+    fmha_config fcfg = cfg; /* out and lse from the CPU forward (the case's ISA) */
+    fcfg.device = FMHA_DEVICE_CPU;
+    fmha_status st = fmha_forward(&fcfg, &fa);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: forward: %s", desc, fmha_last_error());
+
+    fmha_backward_args ba = {
+        .q = q.t, .k = k.t, .v = v.t, .out = out.t, .dout = dout.t, .lse = lse};
+    ba.cu_seqlens_q = cuq;
+    ba.cu_seqlens_k = cuk;
+    ba.varlen_batch = fa.varlen_batch;
+    ba.seed = fa.seed;
+    ba.offset = fa.offset;
+    fmha_tensor *gt[3] = {&ba.dq, &ba.dk, &ba.dv};
+    for (int i = 0; i < 3; i++)
+        *gt[i] = want >> i & 1 ? g[i].t : (fmha_tensor){0};
+    st = run(&cfg, &ba);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: backward: %s", desc, fmha_last_error());
+
+    fmha_backward_args rb = ba, nb = ba;
+    fmha_tensor *rt[3] = {&rb.dq, &rb.dk, &rb.dv}, *nt[3] = {&nb.dq, &nb.dk, &nb.dv};
+    for (int i = 0; i < 3; i++) {
+        *rt[i] = ref[i].t;
+        *nt[i] = naive[i].t;
+    }
+    fmha_config cref = cfg;
+    cref.num_threads = 0;
+    cref.device = FMHA_DEVICE_CPU;
+    TU_CHECK(fmha_reference_backward(&cref, &rb) == FMHA_STATUS_OK, "%s: reference: %s", desc,
+             fmha_last_error());
+    tu_naive_backward(&cref, &nb, operands16);
+
+    double worst = 0;
+    const char *names[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3 && st == FMHA_STATUS_OK; i++) {
+        if (!(want >> i & 1)) {
+            TU_CHECK(tu_gaps_untouched(&g[i], 0xFF) && isnan(tu_get(&g[i], 0, 0, 0, 0)),
+                     "%s: %s was not wanted but written", desc, names[i]);
+            continue;
+        }
+        int bad = 0, nbad = 0;
+        const double e = tu_max_err(&g[i], &ref[i], &bad);
+        const double en = tu_max_err(&naive[i], &ref[i], &nbad);
+        /* 2x the naive error, and a floor: 1e-5, and an f32 rounding or so of the largest
+         * gradient (where the gradient is 0 the naive one can be exactly 0, e.g. one key) */
+        const double tol = 2.0 * en + 1e-5 + 1e-6 * bwd_max_abs(&ref[i]);
+        worst = fmax(worst, e / tol);
+        if (getenv("FMHA_TEST_VERBOSE"))
+            printf("%s: %s error %.3g naive %.3g tol %.3g\n", desc, names[i], e, en, tol);
+        TU_CHECK(!bad && !nbad && e <= tol, "%s: %s error %.3g > tol %.3g (naive %.3g)%s", desc,
+                 names[i], e, tol, en, bad || nbad ? " non-finite" : "");
+        TU_CHECK(tu_gaps_untouched(&g[i], 0xFF), "%s: wrote outside the %s view", desc, names[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        tu_tensor_free(&g[i]);
+        tu_tensor_free(&ref[i]);
+        tu_tensor_free(&naive[i]);
+    }
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
+    tu_tensor_free(&out);
+    tu_tensor_free(&dout);
+    free(lse);
+    free(cuq);
+    free(cuk);
+    return worst;
+}
+
+/* tcase_random's forward cases made backward ones: no FP8 (no backward). */
+tcase tcase_backward_random(tu_rng *r, int index, const tcase_space *space, fmha_dtype *gdt,
+                            int *lg, int *want)
+{
+    static const fmha_dtype dts[] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
+    tcase c = tcase_random(r, index, space);
+    if (c.dt == FMHA_DTYPE_F8_E4M3)
+        c.dt = dts[tu_range(r, 3)];
+    *gdt = tu_range(r, 2) ? c.dt : dts[tu_range(r, 3)];
+    *lg = (int)tu_range(r, 3);
+    if (c.varlen && *lg == 1)
+        *lg = 0;
+    *want = tu_range(r, 5) == 0 ? 1 + (int)tu_range(r, 6) : 7;
+    return c;
+}

@@ -53,4 +53,20 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run);
 void tcase_non_finite(tu_rng *r, const fmha_config *base, int64_t s, int64_t key_block,
                       tcase_runner run);
 
+/* Backward cases: tcase_random's forward cases made backward ones (no FP8),
+ * with a gradient dtype, a gradient layout and the gradients wanted (bit 0
+ * dq, 1 dk, 2 dv). */
+tcase tcase_backward_random(tu_rng *r, int index, const tcase_space *space, fmha_dtype *gdt,
+                            int *lg, int *want);
+/* Computes the gradients into a's dq, dk, dv (host views, poisoned first). */
+typedef fmha_status (*tbwd_runner)(const fmha_config *cfg, const fmha_backward_args *a);
+/* One backward case: out and lse from the CPU forward, then `run`'s
+ * gradients against the float64 reference at 2x the error of
+ * tu_naive_backward (operands16: its 16-bit operands rounded, the
+ * yardstick of a tensor-core kernel) plus a floor; wanted gradients written
+ * inside their views only, the others untouched. Returns the largest ratio
+ * error / tolerance. */
+double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int operands16,
+                          tbwd_runner run, tu_rng *rng);
+
 #endif

@@ -96,32 +96,44 @@ extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, in
     return FMHA_STATUS_OK;
 }
 
+struct named_ptr {
+    const void *ptr;
+    const char *name;
+};
+
+/* The first of n pointers (NULL ones skipped) that is not device memory,
+ * refused by name. */
+static fmha_status check_device_pointers(const named_ptr *ptrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!ptrs[i].ptr)
+            continue;
+        fmha_status st = check_device_pointer(ptrs[i].ptr, ptrs[i].name, layer_fix);
+        if (st != FMHA_STATUS_OK)
+            return st;
+    }
+    return FMHA_STATUS_OK;
+}
+
 /* Runs a call on the kernel of its plan, on the current device and
  * args->stream, after checking that every pointer is device memory. */
 static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws)
 {
     (void)ws;
     const fmha_forward_args *a = pb->args;
-    const struct {
-        const void *ptr;
-        const char *name;
-    } ptrs[] = {{a->q.data, "q"},
-                {a->k.data, "k"},
-                {a->v.data, "v"},
-                {a->out.data, "out"},
-                {a->lse, "lse"},
-                {a->cu_seqlens_q, "cu_seqlens_q"},
-                {a->cu_seqlens_k, "cu_seqlens_k"},
-                {a->descale_q, "descale_q"},
-                {a->descale_k, "descale_k"},
-                {a->descale_v, "descale_v"}};
-    for (const auto &p : ptrs) {
-        if (!p.ptr)
-            continue;
-        fmha_status st = check_device_pointer(p.ptr, p.name, layer_fix);
-        if (st != FMHA_STATUS_OK)
-            return st;
-    }
+    const named_ptr ptrs[] = {{a->q.data, "q"},
+                              {a->k.data, "k"},
+                              {a->v.data, "v"},
+                              {a->out.data, "out"},
+                              {a->lse, "lse"},
+                              {a->cu_seqlens_q, "cu_seqlens_q"},
+                              {a->cu_seqlens_k, "cu_seqlens_k"},
+                              {a->descale_q, "descale_q"},
+                              {a->descale_k, "descale_k"},
+                              {a->descale_v, "descale_v"}};
+    fmha_status st = check_device_pointers(ptrs, sizeof ptrs / sizeof *ptrs);
+    if (st != FMHA_STATUS_OK)
+        return st;
     if (pb->max_sq == 0) /* packed batch of empty query sequences: no row to write */
         return FMHA_STATUS_OK;
     flash_params p;
@@ -145,27 +157,20 @@ static fmha_status cuda_backward(const fmha_plan *plan, const fmha_problem *pb, 
 {
     (void)ws;
     const fmha_backward_args *a = pb->bwd;
-    const struct {
-        const void *ptr;
-        const char *name;
-    } ptrs[] = {{a->q.data, "q"},
-                {a->k.data, "k"},
-                {a->v.data, "v"},
-                {a->out.data, "out"},
-                {a->dout.data, "dout"},
-                {a->lse, "lse"},
-                {a->dq.data, "dq"},
-                {a->dk.data, "dk"},
-                {a->dv.data, "dv"},
-                {a->cu_seqlens_q, "cu_seqlens_q"},
-                {a->cu_seqlens_k, "cu_seqlens_k"}};
-    for (const auto &p : ptrs) {
-        if (!p.ptr)
-            continue;
-        fmha_status st = check_device_pointer(p.ptr, p.name, layer_fix);
-        if (st != FMHA_STATUS_OK)
-            return st;
-    }
+    const named_ptr ptrs[] = {{a->q.data, "q"},
+                              {a->k.data, "k"},
+                              {a->v.data, "v"},
+                              {a->out.data, "out"},
+                              {a->dout.data, "dout"},
+                              {a->lse, "lse"},
+                              {a->dq.data, "dq"},
+                              {a->dk.data, "dk"},
+                              {a->dv.data, "dv"},
+                              {a->cu_seqlens_q, "cu_seqlens_q"},
+                              {a->cu_seqlens_k, "cu_seqlens_k"}};
+    fmha_status st = check_device_pointers(ptrs, sizeof ptrs / sizeof *ptrs);
+    if (st != FMHA_STATUS_OK)
+        return st;
     if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80_bwd)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not a backward kernel",
                               plan->kernel->info.name);

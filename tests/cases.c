@@ -131,11 +131,9 @@ static void fp8_free(fp8_inputs *f)
     }
 }
 
-int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
+/* The case's configuration. */
+static fmha_config case_config(const tcase *c)
 {
-    char desc[512];
-    describe(c, desc, sizeof desc);
-
     fmha_config cfg;
     fmha_config_init(&cfg, c->heads, c->kv, c->d);
     cfg.head_dim_v = c->dv;
@@ -149,6 +147,15 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
     cfg.cpu_isa = c->isa;
     cfg.num_threads = c->threads;
     cfg.device = c->device;
+    return cfg;
+}
+
+int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
+{
+    char desc[512];
+    describe(c, desc, sizeof desc);
+
+    fmha_config cfg = case_config(c);
 
     /* Varlen: random per-sequence lengths around sq / sk, zeros included. */
     int32_t *cuq = NULL, *cuk = NULL;
@@ -543,32 +550,12 @@ static void bwd_describe(const tcase *c, fmha_dtype gdt, int want, char *buf, si
              (long long)c->wr, c->softcap, c->dropout, c->scale, c->varlen, c->threads, want);
 }
 
-static fmha_config bwd_config(const tcase *c)
-{
-    fmha_config cfg;
-    fmha_config_init(&cfg, c->heads, c->kv, c->d);
-    cfg.head_dim_v = c->dv;
-    cfg.dtype = c->dt;
-    cfg.causal = c->causal;
-    cfg.window_left = c->wl;
-    cfg.window_right = c->wr;
-    cfg.softcap = c->softcap;
-    cfg.dropout_p = c->dropout;
-    cfg.softmax_scale = c->scale;
-    cfg.device = c->device;
-    if (c->device == FMHA_DEVICE_CPU) {
-        cfg.cpu_isa = c->isa;
-        cfg.num_threads = c->threads;
-    }
-    return cfg;
-}
-
 double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int operands16,
                           tbwd_runner run, tu_rng *rng)
 {
     char desc[640];
     bwd_describe(c, gdt, want, desc, sizeof desc);
-    fmha_config cfg = bwd_config(c);
+    fmha_config cfg = case_config(c);
 
     int32_t *cuq = NULL, *cuk = NULL;
     int64_t tb = c->batch, tq = c->sq, tk = c->sk;

@@ -131,6 +131,21 @@ static void fp8_free(fp8_inputs *f)
     }
 }
 
+/* A packed case's cu_seqlens_q/k (malloc'd): per-sequence lengths drawn in
+ * [0, sq] and [0, sk], zeros included. */
+static void random_lengths(const tcase *c, tu_rng *rng, int32_t **cuq, int32_t **cuk)
+{
+    int32_t *q = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+    int32_t *k = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+    q[0] = k[0] = 0;
+    for (int64_t b = 0; b < c->batch; b++) {
+        q[b + 1] = q[b] + (int32_t)tu_range(rng, c->sq + 1);
+        k[b + 1] = k[b] + (int32_t)tu_range(rng, c->sk + 1);
+    }
+    *cuq = q;
+    *cuk = k;
+}
+
 /* The case's configuration. */
 static fmha_config case_config(const tcase *c)
 {
@@ -161,13 +176,7 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
     int32_t *cuq = NULL, *cuk = NULL;
     int64_t tb = c->batch, tq = c->sq, tk = c->sk;
     if (c->varlen) {
-        cuq = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
-        cuk = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
-        cuq[0] = cuk[0] = 0;
-        for (int64_t b = 0; b < c->batch; b++) {
-            cuq[b + 1] = cuq[b] + (int32_t)tu_range(rng, c->sq + 1);
-            cuk[b + 1] = cuk[b] + (int32_t)tu_range(rng, c->sk + 1);
-        }
+        random_lengths(c, rng, &cuq, &cuk);
         tb = 1;
         tq = cuq[c->batch] > 0 ? cuq[c->batch] : 1; /* tensors need one token at least */
         tk = cuk[c->batch] > 0 ? cuk[c->batch] : 1;
@@ -560,13 +569,7 @@ double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int 
     int32_t *cuq = NULL, *cuk = NULL;
     int64_t tb = c->batch, tq = c->sq, tk = c->sk;
     if (c->varlen) { /* random lengths, zeros included, and a tail of tokens in no sequence */
-        cuq = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
-        cuk = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
-        cuq[0] = cuk[0] = 0;
-        for (int64_t b = 0; b < c->batch; b++) {
-            cuq[b + 1] = cuq[b] + (int32_t)tu_range(rng, c->sq + 1);
-            cuk[b + 1] = cuk[b] + (int32_t)tu_range(rng, c->sk + 1);
-        }
+        random_lengths(c, rng, &cuq, &cuk);
         tb = 1;
         tq = cuq[c->batch] + 2;
         tk = cuk[c->batch] + 1;

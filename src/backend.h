@@ -53,6 +53,23 @@ typedef struct fmha_merge_problem {
     fmha_lse_view lse;
 } fmha_merge_problem;
 
+/* fp8_compute = int8_qk: each row (token, head) of x (f32/f16/bf16, head
+ * dim <= 256) less `mean` (NULL: nothing; else [x.batch][heads][head_dim],
+ * smooth_k's), rotated by the orthonormal Hadamard matrix where `rotate`
+ * (head dim a power of two from 32), then coded into y's bytes, INT8 (int8)
+ * or e4m3, with one scale per row (per_row: scales in the LSE's layout
+ * [batch][heads][seqlen]) or per (batch, head) (scales [nseq][heads]; a
+ * packed x, batch 1, repeats its row nseq times); `amax` holds batch * heads
+ * floats. */
+typedef struct fmha_rows_job {
+    const fmha_tensor *x;
+    const float *mean;
+    const fmha_tensor *y;
+    int int8, per_row, rotate;
+    int64_t nseq;
+    float *scales, *amax;
+} fmha_rows_job;
+
 typedef struct fmha_backend {
     fmha_device device;
     const char *name; /* "cpu", "cuda" */
@@ -91,9 +108,9 @@ typedef struct fmha_backend {
     fmha_status (*quantize_fp8)(const fmha_tensor *x, const fmha_tensor *y, float *scales,
                                 const fmha_fp8_groups *g, void *stream);
     /* fp8_smooth_k: ks = k less its mean over the tokens of each (batch, KV
-     * head, channel), contiguous f32 [batch][seqlen][heads][head_dim]; the
-     * means into mean [batch][heads][head_dim]; `scratch` holds
-     * smooth_k_scratch(k) bytes. */
+     * head, channel), contiguous f32 [batch][seqlen][heads][head_dim] (ks
+     * NULL: the means alone); the means into mean [batch][heads][head_dim];
+     * `scratch` holds smooth_k_scratch(k) bytes. */
     size_t (*smooth_k_scratch)(const fmha_tensor *k);
     fmha_status (*smooth_k)(const fmha_tensor *k, float *ks, float *mean, void *scratch,
                             void *stream);
@@ -101,6 +118,9 @@ typedef struct fmha_backend {
      * of its KV head), the LSE of the unsmoothed scores. */
     fmha_status (*unsmooth_lse)(const fmha_problem *pb, const fmha_tensor *q, float *lse,
                                 const float *mean, void *stream);
+    /* fp8_compute = int8_qk's quantizer (fmha_rows_job), jobs queued
+     * together. NULL where no kernel reads its codes. */
+    fmha_status (*quantize_rows)(const fmha_rows_job *jobs, int n, void *stream);
 
     /* Decode (a validated fmha_kvcache_args): writes the new keys and values
      * into the caches, the keys rotated where a->rotary_dim > 0, and then q

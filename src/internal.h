@@ -45,6 +45,10 @@ typedef struct fmha_problem {
      * key), so that every piece draws the single-device mask. Validation sets
      * the identity: 0, 0, 0 and heads. */
     int64_t pos_row0, pos_col0, pos_head0, pos_heads;
+
+    /* fp8_compute = int8_qk (layer_fp8.c): q's INT8 scales, one per query
+     * row and head, in the LSE's layout; NULL otherwise. */
+    const float *q_row_scale;
 } fmha_problem;
 
 /* Keys of sequence b in a decode call: cached plus appended. */

@@ -35,6 +35,8 @@ enum {
 #define FMHA_DL_PER_KV_HEAD (1u << FMHA_DESCALE_PER_KV_HEAD)
 #define FMHA_DL_PER_BLOCK   (1u << FMHA_DESCALE_PER_BLOCK)
 #define FMHA_DL_ALL         (FMHA_DL_PER_TENSOR | FMHA_DL_PER_KV_HEAD | FMHA_DL_PER_BLOCK)
+/* Not a public layout: fp8_compute = int8_qk's INT8 q and k (layer_fp8.c) */
+#define FMHA_DL_INT8_QK (1u << 8)
 
 /* One row of kernels.def. */
 typedef struct fmha_kernel_desc {
@@ -93,6 +95,7 @@ typedef struct fmha_knobs {
 typedef struct fmha_plan {
     const fmha_kernel_desc *kernel;
     fmha_layer_path path;
+    int int8_qk;     /* fp8_compute = int8_qk: q and k are INT8 codes (layer_fp8.c says how) */
     fmha_config cfg; /* what the kernel runs: the layer's, with f8_e4m3 inputs on the FP8 path */
     fmha_knobs knobs;
 

@@ -302,6 +302,8 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
     plan->cfg.fp8_compute = FMHA_FP8_COMPUTE_OFF;
     plan->cfg.fp8_smooth_k = 0;
     const int per_block = cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK;
+    const int int8_qk = cfg->fp8_compute == FMHA_FP8_COMPUTE_INT8_QK;
+    const int64_t d = cfg->head_dim;
     char why[512] = "";
     fmha_status st = FMHA_STATUS_UNSUPPORTED;
     if (plan->knobs.fp8_attn_off) {
@@ -311,6 +313,23 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
         st = FMHA_STATUS_UNSUPPORTED;
         snprintf(why, sizeof why, "%s takes per-tensor or per-KV-head descales, not per-block ones",
                  plan->kernel->info.name);
+    } else if (st == FMHA_STATUS_OK && int8_qk && !(plan->kernel->descales & FMHA_DL_INT8_QK)) {
+        st = FMHA_STATUS_UNSUPPORTED;
+        snprintf(why, sizeof why,
+                 "%s has no INT8 Q K^T (fp8_compute = int8_qk runs on Hopper GPUs)",
+                 plan->kernel->info.name);
+    } else if (st == FMHA_STATUS_OK && int8_qk) {
+        const int rotate = d >= 32 && d <= 256 && !(d & (d - 1));
+        plan->path = FMHA_LAYER_PATH_FP8;
+        plan->int8_qk = 1;
+        snprintf(plan->reason, sizeof plan->reason,
+                 "fp8_compute = int8_qk: K's per-channel mean subtracted, q and k (%s)%s coded "
+                 "to INT8 on each call (q one scale per token and head, k one per sequence and "
+                 "KV head), v to f8_e4m3 (one scale per sequence and KV head); INT8 Q K^T and "
+                 "FP8 P V on %s",
+                 fmha_dtype_name(cfg->dtype), rotate ? " rotated by the Hadamard matrix," : "",
+                 plan->kernel->info.name);
+        return FMHA_STATUS_OK;
     } else if (st == FMHA_STATUS_OK) {
         char per[48] = "tensor";
         if (per_block)

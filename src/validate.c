@@ -57,7 +57,7 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
         return INVALID("cpu_isa (%d) is not a fmha_cpu_isa value", (int)cfg->cpu_isa);
     if (cfg->num_threads < 0)
         return INVALID("num_threads (%d) must be >= 0 (0 = OpenMP's default)", cfg->num_threads);
-    if ((unsigned)cfg->fp8_compute > FMHA_FP8_COMPUTE_PER_BLOCK)
+    if ((unsigned)cfg->fp8_compute > FMHA_FP8_COMPUTE_INT8_QK)
         return INVALID("fp8_compute (%d) is not a fmha_fp8_compute value", (int)cfg->fp8_compute);
     if (cfg->check_finite != 0 && cfg->check_finite != 1)
         return INVALID("check_finite (%d) must be 0 or 1", cfg->check_finite);
@@ -70,6 +70,11 @@ fmha_status fmha_validate_config(const fmha_config *cfg)
             "fp8_smooth_k moves every score of a query by q . mean(K), which the softmax "
             "ignores but softcap (%g) does not: set softcap = 0 or fp8_smooth_k = 0",
             cfg->softcap);
+    if (cfg->fp8_compute == FMHA_FP8_COMPUTE_INT8_QK && cfg->softcap != 0)
+        return INVALID("fp8_compute = int8_qk subtracts K's mean, which moves every score of a "
+                       "query by q . mean(K): the softmax ignores that but softcap (%g) does not. "
+                       "Set softcap = 0, or use fp8_compute = per_tensor",
+                       cfg->softcap);
     if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF && cfg->dtype == FMHA_DTYPE_F8_E4M3)
         return INVALID("fp8_compute quantizes f32, f16 or bf16 inputs, but dtype is f8_e4m3: for "
                        "inputs already in FP8, leave fp8_compute off and pass their descales");

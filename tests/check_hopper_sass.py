@@ -6,7 +6,8 @@ usage: check_hopper_sass.py OBJECT [OBJECT ...]   (the library's objects; the
        one compiled from hopper/launch.cu is used)
 
 For every hopper_fwd variant:
-  - the GEMMs are wgmma (HGMMA for 16-bit inputs, QGMMA for FP8);
+  - the GEMMs are wgmma (HGMMA for 16-bit inputs, QGMMA for FP8; int8_qk's
+    S = Q K^T IGMMA and its P V QGMMA);
   - where the kernel anchors the wait for P V behind the softmax (pv_anchor:
     16-bit inputs, and FP8 with two-level accumulation), that wait
     (WARPGROUP.DEPBAR.LE gsb0, 0x0) comes after the tile's last exp2 in the
@@ -25,7 +26,9 @@ import subprocess
 import sys
 import sysconfig
 
-IN_NAMES = {0: "f16", 1: "bf16", 2: "e4m3"}
+IN_NAMES = {0: "f16", 1: "bf16", 2: "e4m3", 3: "int8_qk"}
+# the GEMMs each input kind must issue: S = Q K^T and O += P V
+GEMMS = {0: ("HGMMA",), 1: ("HGMMA",), 2: ("QGMMA",), 3: ("IGMMA", "QGMMA")}
 
 
 def find_cuobjdump():
@@ -57,10 +60,10 @@ def functions(sass):
 def check_variant(d, inp, dropout, two_level, cl, ins):
     """The list of problems of one hopper_fwd<D, IN, DROPOUT, TWO_LEVEL, CL>."""
     what = f"hopper_fwd<{d}, {IN_NAMES.get(inp, inp)}, dropout {dropout}, two-level {two_level}, cluster {cl}>"
-    gemm = "QGMMA" if inp == 2 else "HGMMA"
-    if not any(gemm in t for t in ins):
-        return [f"{what}: no {gemm}"]
-    anchored = inp != 2 or two_level
+    for gemm in GEMMS[inp]:
+        if not any(gemm in t for t in ins):
+            return [f"{what}: no {gemm}"]
+    anchored = inp < 2 or two_level
     if not anchored:
         return []
     # The main loop's span: from the wait for S (DEPBAR 0x1, only in the

@@ -869,6 +869,57 @@ static void test_compute_fallback(void)
     conv_free(&cc);
 }
 
+/* fp8_compute = int8_qk has no CPU kernel: a CPU layer runs cfg.dtype, says
+ * why, and gives a plain bf16 layer's bits; softcap is refused at init with
+ * the reason and the fix. */
+static void test_int8_qk_cpu(void)
+{
+    tu_rng r = {31};
+    conv_case cc;
+    conv_init(&cc, FMHA_DTYPE_BF16, 77, 130, 0, FMHA_FP8_COMPUTE_INT8_QK, &r);
+    fmha_config plain = cc.cfg;
+    plain.fp8_compute = FMHA_FP8_COMPUTE_OFF;
+    fmha_layer *direct, *layer;
+    TU_CHECK(fmha_layer_init(&direct, &plain) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    TU_CHECK(fmha_layer_init(&layer, &cc.cfg) == FMHA_STATUS_OK, "int8_qk on the CPU: %s",
+             fmha_last_error());
+    const char *reason = "";
+    TU_CHECK(fmha_layer_get_path(layer, &reason) == FMHA_LAYER_PATH_FP8_FALLBACK &&
+                 strstr(reason, "has no INT8 Q K^T") && strstr(reason, "running bf16 on"),
+             "int8_qk on the CPU: path %s (%s)",
+             fmha_layer_path_name(fmha_layer_get_path(layer, NULL)), reason);
+    conv_out x, y;
+    out_init(&x, &cc, FMHA_DTYPE_BF16);
+    out_init(&y, &cc, FMHA_DTYPE_BF16);
+    cc.a.out = x.out.t;
+    cc.a.lse = x.lse;
+    TU_CHECK(fmha_layer_forward(layer, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    cc.a.out = y.out.t;
+    cc.a.lse = y.lse;
+    TU_CHECK(fmha_layer_forward(direct, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    TU_CHECK(out_same(&x, &y), "the int8_qk fallback differs from a plain bf16 layer");
+    out_free(&x);
+    out_free(&y);
+    fmha_layer_free(layer);
+    fmha_layer_free(direct);
+
+    fmha_config capped = cc.cfg;
+    capped.softcap = 30;
+    layer = NULL;
+    fmha_status st = fmha_layer_init(&layer, &capped);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT && !layer && strstr(fmha_last_error(), "int8_qk") &&
+                 strstr(fmha_last_error(), "softcap (30)") &&
+                 strstr(fmha_last_error(), "Set softcap = 0"),
+             "int8_qk with softcap: %s (%s)", fmha_status_string(st), fmha_last_error());
+    capped.fp8_compute = (fmha_fp8_compute)(FMHA_FP8_COMPUTE_INT8_QK + 1);
+    capped.softcap = 0;
+    st = fmha_layer_init(&layer, &capped);
+    TU_CHECK(st == FMHA_STATUS_INVALID_ARGUMENT &&
+                 strstr(fmha_last_error(), "fp8_compute (4) is not a fmha_fp8_compute value"),
+             "fp8_compute 4: %s", fmha_last_error());
+    conv_free(&cc);
+}
+
 /* Errors on the FP8 path: checked before anything is written. */
 static void test_compute_errors(void)
 {
@@ -1008,6 +1059,7 @@ int main(void)
     test_compute_matches_explicit();
     test_reference_ignores_compute();
     test_compute_fallback();
+    test_int8_qk_cpu();
     test_compute_errors();
     test_smooth_k();
     return tu_summary();

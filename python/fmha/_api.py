@@ -88,7 +88,7 @@ def _device(device):
 
 
 _FP8_MODES = {None: _lib.FP8_COMPUTE_OFF, "per_tensor": _lib.FP8_COMPUTE_PER_TENSOR,
-              "per_block": _lib.FP8_COMPUTE_PER_BLOCK}
+              "per_block": _lib.FP8_COMPUTE_PER_BLOCK, "int8_qk": _lib.FP8_COMPUTE_INT8_QK}
 
 
 class _Options:
@@ -102,7 +102,8 @@ class _Options:
         self.deterministic = T.flag(deterministic, "deterministic")
         self.check_finite = T.flag(check_finite, "check_finite")
         if fp8 not in _FP8_MODES:
-            raise ValueError("fp8 must be None, 'per_tensor' or 'per_block', got %r" % (fp8,))
+            raise ValueError("fp8 must be None, 'per_tensor', 'per_block' or 'int8_qk', got %r"
+                             % (fp8,))
         self.fp8 = fp8
         self.fp8_smooth_k = T.flag(fp8_smooth_k, "fp8_smooth_k")
         if softmax_scale is None:
@@ -728,6 +729,8 @@ class Attention:
 
     fp8="per_tensor" (or "per_block": one scale per 128 tokens of a head)
     quantizes q, k, v to FP8 E4M3 on every call and runs FP8 attention,
+    fp8="int8_qk" q and k to INT8 instead (K smoothed, q and k rotated; the
+    accurate mode, Hopper GPUs: FMHA_FP8_COMPUTE_INT8_QK in fmha.h),
     writing out in q's dtype; where no FP8 kernel takes the configuration the
     layer runs q's dtype instead and warns once (RuntimeWarning) with
     libfmha's reason. `fp8_path` tells which path the latest layer took.

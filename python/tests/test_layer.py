@@ -204,5 +204,5 @@ def test_fp8_fallback_warns_once(rng, monkeypatch):
 
 
 def test_fp8_option_errors():
-    with pytest.raises(ValueError, match="fp8 must be None, 'per_tensor' or 'per_block'"):
+    with pytest.raises(ValueError, match="fp8 must be None, 'per_tensor', 'per_block' or 'int8_qk'"):
         fmha.Attention(4, 32, fp8="e5m2")

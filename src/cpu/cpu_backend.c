@@ -70,7 +70,7 @@ static size_t cpu_smooth_k_scratch(const fmha_tensor *k)
 }
 
 /* fp8_smooth_k: k less its mean over the tokens of each (batch entry, KV
- * head, channel), as contiguous f32 into ks, the means into mean
+ * head, channel), as contiguous f32 into ks (NULL: the means alone), the means into mean
  * [batch][heads][d]; `acc` holds head_dim doubles. (CUDA: cuda_fp8.cu, the
  * same steps.) */
 static fmha_status cpu_smooth_k(const fmha_tensor *k, float *ks, float *mean, void *scratch,
@@ -90,7 +90,7 @@ static fmha_status cpu_smooth_k(const fmha_tensor *k, float *ks, float *mean, vo
             float *m = mean + (b * nh + h) * d;
             for (int64_t c = 0; c < d; c++)
                 m[c] = ns > 0 ? (float)(acc[c] / (double)ns) : 0.0f;
-            for (int64_t s = 0; s < ns; s++) {
+            for (int64_t s = 0; ks && s < ns; s++) {
                 const char *row = fmha_row(k, b, s, h);
                 float *out = ks + ((b * ns + s) * nh + h) * d;
                 for (int64_t c = 0; c < d; c++)

@@ -46,6 +46,10 @@ struct flash_params {
      * per (sequence, KV head). */
     const float *descale_q, *descale_k, *descale_v;
     int descale_per_kv_head;
+    /* fp8_compute = int8_qk: one q scale per row, in the LSE's layout, beside
+     * descale_q (which then holds 1) */
+    const float *q_row_scale;
+    int q_scale_per_row;
     int kv_heads;
 };
 
@@ -362,6 +366,8 @@ inline void fill_flash_params(const fmha_problem *pb, flash_params *p)
     p->descale_v = a->descale_v;
     p->descale_per_kv_head = a->descale_layout == FMHA_DESCALE_PER_KV_HEAD;
     p->kv_heads = (int)pb->kv_heads;
+    p->q_row_scale = pb->q_row_scale;
+    p->q_scale_per_row = pb->q_row_scale != NULL;
 }
 
 /* cuda_flash.cu: the portable kernel's variant for a plan (head dim, tile),

@@ -943,7 +943,7 @@ extern "C" fmha_status fmha_cuda_smooth_k(const fmha_tensor *k, float *ks, float
         smooth_sums<<<(unsigned)sum_blocks, SMOOTH_NT, 0, s>>>(p);
     if (means > 0)
         smooth_means<<<blocks_for(means), SMOOTH_NT, 0, s>>>(p);
-    if (sum_blocks > 0)
+    if (sum_blocks > 0 && ks) /* ks NULL: the means alone */
         smooth_subtract<<<(unsigned)sum_blocks, SMOOTH_NT, 0, s>>>(p);
     const cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? FMHA_STATUS_OK

@@ -207,6 +207,18 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 shift = hp.p_shift;
                 o_scale = p.descale_v ? p.descale_v[di] : 1.0f;
             }
+            /* IN_S8Q: q's scales are one per row, in the LSE's layout (no softcap:
+             * validate.c refuses it with int8_qk). */
+            float sl[2] = {scale_log2, scale_log2};
+            if (IN == IN_S8Q && p.q_scale_per_row) {
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++) {
+                    const int r = row0 + 8 * rh;
+                    const int64_t idx = p.varlen ? (int64_t)bs.h * p.total_q + bs.q0 + m0 + r
+                                                 : ((int64_t)bs.b * p.heads + bs.h) * sq + m0 + r;
+                    sl[rh] = r < rows ? scale_log2 * p.q_row_scale[idx] : scale_log2;
+                }
+            }
 
             float o[D / 2];
 #pragma unroll
@@ -244,19 +256,20 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
 
             if (ntiles > 0) { /* tile 0: S only */
                 float sc[BN / 2];
+                uint32_t si[C::SI];
                 mbar_wait(k_full(stage(0)), phase(0));
                 named_sync(BAR_TURN + cw, 256);
                 wg_fence();
-                C::template issue_scores<QR>(sc, q_rows, qa, sK + stage(0) * TL::K_BYTES);
+                C::template issue_scores<QR>(sc, si, q_rows, qa, sK + stage(0) * TL::K_BYTES);
                 wg_commit();
                 named_arrive(BAR_TURN + (1 - cw), 256);
                 wg_wait<0>();
-                fence_regs<BN / 2>(sc);
+                C::landed(sc, si);
                 release_kv(k_empty(stage(0)));
                 q_done_after_s(0);
                 C::mask(sc, p, cap_in, tile_n0(0), tile_valid(0), tile_full(0), row0, rows, m0, sq,
                         sk, lane);
-                C::softmax(sc, m_row, l_row, alpha, scale_log2, shift, hp.tau);
+                C::softmax(sc, m_row, l_row, alpha, sl, shift, hp.tau);
                 alpha_p[0] = alpha[0];
                 alpha_p[1] = alpha[1];
                 if (DROPOUT)
@@ -268,10 +281,11 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
             for (int t = 1; t < ntiles; t++) {
                 const int s = stage(t), sp = stage(t - 1);
                 float sc[BN / 2];
+                uint32_t si[C::SI];
                 mbar_wait(k_full(s), phase(t));
                 named_sync(BAR_TURN + cw, 256);
                 wg_fence();
-                C::template issue_scores<QR>(sc, q_rows, qa, sK + s * TL::K_BYTES);
+                C::template issue_scores<QR>(sc, si, q_rows, qa, sK + s * TL::K_BYTES);
                 wg_commit();
                 mbar_wait(v_full(sp), phase(t - 1));
                 wg_fence(); /* the barrier's wait loop ends the fenced group S_t was issued in */
@@ -279,12 +293,12 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                 wg_commit();
                 named_arrive(BAR_TURN + (1 - cw), 256);
                 wg_wait<1>();
-                fence_regs<BN / 2>(sc);
+                C::landed(sc, si);
                 release_kv(k_empty(s));
                 q_done_after_s(t);
                 C::mask(sc, p, cap_in, tile_n0(t), tile_valid(t), tile_full(t), row0, rows, m0, sq,
                         sk, lane);
-                const bool grow = C::softmax(sc, m_row, l_row, alpha, scale_log2, shift, hp.tau);
+                const bool grow = C::softmax(sc, m_row, l_row, alpha, sl, shift, hp.tau);
                 if (PV_ANCHOR)
                     pv_anchor(anchor, l_row);
                 wg_wait<0>();

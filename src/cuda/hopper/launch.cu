@@ -77,10 +77,11 @@ fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int i
 {
     const int64_t dims[4] = {t.head_dim, t.seqlen, t.heads, t.batch};
     const int64_t strides[3] = {t.stride_seq, t.stride_head, t.stride_batch};
-    const CUtensorMapDataType type = in == IN_E4M3   ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+    const bool b8 = in == IN_E4M3 || in == IN_S8Q;
+    const CUtensorMapDataType type = b8              ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                      : in == IN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return make_map_raw(map, t.data, type, in == IN_E4M3 ? 1 : 2, dims, strides, box_rows, name);
+    return make_map_raw(map, t.data, type, b8 ? 1 : 2, dims, strides, box_rows, name);
 }
 
 /* Stream-ordered scratch from a pool of fmha's own per device, which keeps
@@ -273,9 +274,10 @@ fmha_status launch_head_dim(hopper_params &hp, const fmha_plan *plan, const fmha
     if (plan->head_dim_variant == D)                               \
         return bf16 ? launch<D, IN_BF16>(hp, plan, pb, vt, stream) \
                     : launch<D, IN_F16>(hp, plan, pb, vt, stream);
-#define FMHA_LAUNCH_FP8(D)           \
-    if (plan->head_dim_variant == D) \
-        return launch<D, IN_E4M3>(hp, plan, pb, vt, stream);
+#define FMHA_LAUNCH_FP8(D)                                                 \
+    if (plan->head_dim_variant == D)                                       \
+        return plan->int8_qk ? launch<D, IN_S8Q>(hp, plan, pb, vt, stream) \
+                             : launch<D, IN_E4M3>(hp, plan, pb, vt, stream);
     if (vt) {
         FMHA_CUDA_FP8_HEAD_DIMS(FMHA_LAUNCH_FP8)
     } else {

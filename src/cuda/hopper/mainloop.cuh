@@ -5,6 +5,8 @@
 #include "ptx.cuh"
 #include "tiles.cuh"
 
+#include <type_traits>
+
 namespace
 {
 
@@ -52,10 +54,16 @@ template <int D, int IN> struct consumer {
         }
     }
 
+    /* S's accumulators as wgmma writes them: f32, or IN_S8Q's s32 sums
+     * (to_float turns them into the f32 scores). */
+    static constexpr int SI = IN == IN_S8Q ? BN / 2 : 1;
+    typedef typename std::conditional<IN == IN_S8Q, uint32_t, float>::type acc_t;
+
     /* Issues S = Q K^T: one wgmma per 32 bytes of the head dim, four per
-     * 128-byte chunk; Q from shared memory, or from qa (QR). */
+     * 128-byte chunk; Q from shared memory, or from qa (QR). Into sc, or
+     * IN_S8Q's si. */
     template <bool QR>
-    static __device__ __forceinline__ void issue_scores(float *sc, uint32_t q_rows,
+    static __device__ __forceinline__ void issue_scores(float *sc, uint32_t *si, uint32_t q_rows,
                                                         const uint32_t (*qa)[4], uint32_t k_stage)
     {
         const uint64_t kd = smem_desc(k_stage, 16, 1024), qd = smem_desc(q_rows, 16, 1024);
@@ -63,10 +71,15 @@ template <int D, int IN> struct consumer {
         for (int ks = 0; ks < QA; ks++) {
             const uint32_t col = (ks % 4) * 32u;
             const uint64_t kdesc = desc_at(kd, (ks / 4) * BN * 128 + col);
-            if (QR)
-                wgmma<BN, IN>::rsk(sc, qa[ks], kdesc, ks > 0);
+            acc_t *acc;
+            if constexpr (IN == IN_S8Q)
+                acc = si;
             else
-                wgmma<BN, IN>::ss(sc, desc_at(qd, (ks / 4) * TL::BM * 128 + col), kdesc, ks > 0);
+                acc = sc;
+            if constexpr (QR)
+                wgmma<BN, IN>::rsk(acc, qa[ks], kdesc, ks > 0);
+            else
+                wgmma<BN, IN>::ss(acc, desc_at(qd, (ks / 4) * TL::BM * 128 + col), kdesc, ks > 0);
         }
     }
 
@@ -81,7 +94,30 @@ template <int D, int IN> struct consumer {
 #pragma unroll
         for (int kk = 0; kk < PA; kk++) {
             const uint64_t desc = desc_at(vd, TL::FP8 ? kk * 32 : kk * 16 * 128);
-            wgmma<D, IN>::rs(o, pa[kk], desc, kk > 0 || accumulate);
+            wgmma<D, TL::PV_IN>::rs(o, pa[kk], desc, kk > 0 || accumulate);
+        }
+    }
+
+    /* IN_S8Q: the scores in sc are OFF + the s32 sum, OFF = 1.5 * 2^23:
+     * |sum| <= 127 * 127 * 256 < 2^22, so adding OFF's bits to the sum's puts
+     * the sum in the mantissa of a float of that value, exactly (one integer
+     * add; I2F would load the unit that exp2 needs). The softmax takes OFF
+     * out once per row: (max - OFF) * scale, and -OFF * scale in the exponent's
+     * bias, whose rounding (~0.75 units of the integer sum) is far below the
+     * INT8 codes' own error. */
+    static constexpr float OFF = IN == IN_S8Q ? 12582912.0f : 0.0f;
+
+    /* After S has landed: its registers fenced, and IN_S8Q's sums in sc. */
+    static __device__ __forceinline__ void landed(float *sc, uint32_t *si)
+    {
+        if constexpr (IN == IN_S8Q) {
+            static_assert(D <= 256, "s32 sums above 2^22 for D > 256");
+            fence_regs<SI>(si);
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++)
+                sc[i] = __int_as_float((int)si[i] + 0x4B400000);
+        } else {
+            fence_regs<BN / 2>(sc);
         }
     }
 
@@ -105,14 +141,15 @@ template <int D, int IN> struct consumer {
     }
 
     /* Online softmax: the running max and sum, P = exp2 in place (times
-     * 2^shift), and the factor alpha by which O must shrink. A row's keys sit
+     * 2^shift), and the factor alpha by which O must shrink. scale_log2[rh]:
+     * row rh's (IN_S8Q's q scales differ by row). A row's keys sit
      * in one quad. The max moves lazily: a warp keeps its rows' old maxima,
      * and O unscaled, unless one of its rows grew by more than tau
      * (hopper_params, log2 units), so P stays below 2^tau (times 2^shift).
      * Returns whether the max moved, i.e. whether O must be rescaled. */
     static __device__ __forceinline__ bool softmax(float *sc, float *m_row, float *l_row,
-                                                   float *alpha, float scale_log2, float shift,
-                                                   float tau)
+                                                   float *alpha, const float *scale_log2,
+                                                   float shift, float tau)
     {
         float mx[2];
 #pragma unroll
@@ -124,7 +161,7 @@ template <int D, int IN> struct consumer {
                 x = fmaxf(x, fmaxf(sc[4 * j + 2 * rh], sc[4 * j + 2 * rh + 1]));
             x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
             x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-            mx[rh] = fmaxf(m_row[rh], x * scale_log2);
+            mx[rh] = fmaxf(m_row[rh], (x - OFF) * scale_log2[rh]);
         }
         const bool grow = __any_sync(0xffffffffu, mx[0] > m_row[0] + tau || mx[1] > m_row[1] + tau);
 #pragma unroll
@@ -132,14 +169,14 @@ template <int D, int IN> struct consumer {
             const float m = grow ? mx[rh] : m_row[rh];
             const float base = m == -INFINITY ? 0.0f : m; /* no key yet: all terms 0 */
             alpha[rh] = grow ? exp2_approx(m_row[rh] - base) : 1.0f;
-            const float nb = shift - base;
+            const float nb = OFF == 0.0f ? shift - base : fmaf(-OFF, scale_log2[rh], shift - base);
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     float &x = sc[4 * j + 2 * rh + e];
-                    x = exp2_approx(fmaf(x, scale_log2, nb));
+                    x = exp2_approx(fmaf(x, scale_log2[rh], nb));
                     sum += x;
                 }
             l_row[rh] = l_row[rh] * alpha[rh] + sum; /* the quad adds up at the end */

@@ -135,6 +135,13 @@ template <int N> __device__ __forceinline__ void fence_regs(float *r)
         asm volatile("" : "+f"(r[i])::"memory");
 }
 
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t *r)
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+r"(r[i])::"memory");
+}
+
 template <int R> __device__ __forceinline__ void regs_dealloc()
 {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));

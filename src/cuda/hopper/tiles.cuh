@@ -14,7 +14,9 @@ namespace
 {
 using namespace fmha_cuda;
 
-enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2 }; /* the q, k, v dtype */
+/* The q, k, v dtype. IN_S8Q: q and k INT8 codes, v e4m3 (fp8_compute = int8_qk): S = Q K^T
+ * on INT8 wgmma with exact s32 sums, P V as for IN_E4M3; every 8-bit layout is e4m3's. */
+enum in_kind { IN_F16 = 0, IN_BF16 = 1, IN_E4M3 = 2, IN_S8Q = 3 };
 
 /* Tiles and pipeline, per head dim D (Q/K/V rows are stored as chunks of
  * 128 bytes, 64 columns of 16-bit or 128 of FP8: TMA's 128-byte swizzle is
@@ -61,9 +63,10 @@ static_assert(FMHA_HOPPER_REGS_LOAD * 128 + FMHA_HOPPER_REGS_MMA * 256 <= 168 * 
  *   STAGES 2: 3 stages tied (759/641/745 against 776/636/745 TFLOP/s on Wan
  *      480p, Flux, FA3 d128). */
 template <int D, int IN> struct htile {
-    static constexpr bool FP8 = IN == IN_E4M3;
-    static constexpr int EB = FP8 ? 1 : 2; /* bytes per element */
-    static constexpr int CW = 128 / EB;    /* columns per 128-byte swizzled row chunk */
+    static constexpr bool FP8 = IN == IN_E4M3 || IN == IN_S8Q; /* 8-bit inputs */
+    static constexpr int PV_IN = IN == IN_S8Q ? IN_E4M3 : IN;  /* P V's wgmma kind */
+    static constexpr int EB = FP8 ? 1 : 2;                     /* bytes per element */
+    static constexpr int CW = 128 / EB; /* columns per 128-byte swizzled row chunk */
     static constexpr int NCH = (D + CW - 1) / CW;
     static constexpr int WK = 32 / EB; /* k of one wgmma: 32 bytes */
     static constexpr int BM = 128;
@@ -97,7 +100,7 @@ template <int D, int IN> struct htile {
  * -1.6%, Wan 720p +0.3%. */
 __host__ __device__ constexpr float lazy_tau(int in)
 {
-    return in == IN_E4M3 ? 2.0f : 8.0f;
+    return in == IN_E4M3 || in == IN_S8Q ? 2.0f : 8.0f;
 }
 
 struct hopper_params {

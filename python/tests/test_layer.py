@@ -189,6 +189,21 @@ def test_fp8_smooth_k(rng):
         fmha.Attention(4, 32, softcap=30.0, fp8="per_tensor", fp8_smooth_k=True)
 
 
+def test_fp8_int8_qk_runs_q_dtype_on_the_cpu(rng):
+    """fp8='int8_qk' has no CPU kernel: the layer runs q's dtype, warns with
+    libfmha's reason, and gives the plain layer's bits; softcap is refused."""
+    layer = fmha.Attention(4, 64, causal=True, num_kv_heads=2, fp8="int8_qk")
+    plain = fmha.Attention(4, 64, causal=True, num_kv_heads=2)
+    q = ref.make(rng, (1, 50, 4, 64), "f16")
+    k, v = (ref.make(rng, (1, 70, 2, 64), "f16") for _ in range(2))
+    with pytest.warns(RuntimeWarning, match="has no INT8 Q K"):
+        out = layer.forward(q, k, v)
+    assert layer.fp8_path[0] == "fp8_fallback" and "fp8='int8_qk'" in repr(layer)
+    np.testing.assert_array_equal(out, plain.forward(q, k, v))
+    with pytest.raises(fmha.InvalidArgumentError, match="int8_qk subtracts K's mean.*softcap"):
+        fmha.Attention(4, 32, softcap=30.0, fp8="int8_qk")
+
+
 def test_fp8_fallback_warns_once(rng, monkeypatch):
     monkeypatch.setenv("FMHA_FP8_ATTN", "0")  # libfmha reads it at each layer's choice
     layer = fmha.Attention(4, 32, fp8="per_tensor")

@@ -39,9 +39,9 @@ struct rows_job {
     int rotate;   /* Hadamard rotation first (d = 32 N) */
     int vec;      /* rows start aligned for N-element loads */
     float *scales;
-    float *amax;     /* [batch][heads] scratch of the per-(batch, head) pass */
-    int64_t chunks;  /* blocks per (batch, head) */
-    int64_t block0;  /* this job's first block in the launch */
+    float *amax;    /* [batch][heads] scratch of the per-(batch, head) pass */
+    int64_t chunks; /* blocks per (batch, head) */
+    int64_t block0; /* this job's first block in the launch */
 };
 
 /* A launch's jobs (up to three: q, k, v), blocks numbered job by job. */
@@ -72,8 +72,8 @@ template <typename T, int N> struct row_load {
         if (BYTES == 16 || BYTES == 8 || BYTES == 4) {
             if (vec && n_valid == N) {
                 typedef typename std::conditional<
-                    BYTES == 16, uint4, typename std::conditional<BYTES == 8, uint2, uint32_t>::type>::type
-                    W;
+                    BYTES == 16, uint4,
+                    typename std::conditional<BYTES == 8, uint2, uint32_t>::type>::type W;
                 union {
                     W w;
                     T t[N];
@@ -123,7 +123,7 @@ __device__ __forceinline__ void finish_row(const rows_job &p, int64_t b, int64_t
     }
     if (!p.rotate)
         return;
-    /* Fast Walsh-Hadamard transform over d = 32 N: strides below N inside a
+        /* Fast Walsh-Hadamard transform over d = 32 N: strides below N inside a
      * lane, the rest across lanes (partner lane ^ (stride / N)); then
      * 1 / sqrt(d). */
 #pragma unroll
@@ -183,7 +183,8 @@ constexpr int RPW = TOK / WARPS;
 
 /* Per (batch, head) scales, pass 1: the amax of this block's rows into
  * amax[b][h] (non-negative floats order as their bits). */
-template <typename T, int N> __global__ void __launch_bounds__(WARPS * 32) rows_amax(const __grid_constant__ rows_params p)
+template <typename T, int N>
+__global__ void __launch_bounds__(WARPS * 32) rows_amax(const __grid_constant__ rows_params p)
 {
     __shared__ float red[WARPS];
     int64_t c, h, b;
@@ -279,13 +280,15 @@ cudaError_t launch_rows(const rows_params &all, const rows_params &pass1, cudaSt
 {
     if (pass1.n > 0) {
         const rows_job &l1 = pass1.job[pass1.n - 1];
-        rows_amax<T, N><<<(unsigned)(l1.block0 + l1.chunks * l1.heads * l1.batch), WARPS * 32, 0, st>>>(pass1);
+        rows_amax<T, N>
+            <<<(unsigned)(l1.block0 + l1.chunks * l1.heads * l1.batch), WARPS * 32, 0, st>>>(pass1);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess)
             return err;
     }
     const rows_job &la = all.job[all.n - 1];
-    rows_quantize<T, N><<<(unsigned)(la.block0 + la.chunks * la.heads * la.batch), WARPS * 32, 0, st>>>(all);
+    rows_quantize<T, N>
+        <<<(unsigned)(la.block0 + la.chunks * la.heads * la.batch), WARPS * 32, 0, st>>>(all);
     return cudaGetLastError();
 }
 
@@ -356,22 +359,24 @@ extern "C" fmha_status fmha_cuda_quantize_rows(const fmha_rows_job *jobs, int nj
             if (q.batch == 0 || q.heads == 0)
                 continue;
             const int64_t blocks = q.chunks * q.heads * q.batch;
-            q.block0 = all.n ? all.job[all.n - 1].block0 +
-                                   all.job[all.n - 1].chunks * all.job[all.n - 1].heads *
-                                       all.job[all.n - 1].batch
+            q.block0 = all.n ? all.job[all.n - 1].block0 + all.job[all.n - 1].chunks *
+                                                               all.job[all.n - 1].heads *
+                                                               all.job[all.n - 1].batch
                              : 0;
             if (q.block0 + blocks >= INT32_MAX)
                 return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                                      "the row quantizer takes below 2^31 blocks of %d tokens", TOK);
+                                      "the row quantizer takes below 2^31 blocks of %d tokens",
+                                      TOK);
             all.job[all.n++] = q;
             if (!q.per_row) {
-                q.block0 = pass1.n ? pass1.job[pass1.n - 1].block0 +
-                                         pass1.job[pass1.n - 1].chunks *
-                                             pass1.job[pass1.n - 1].heads *
-                                             pass1.job[pass1.n - 1].batch
-                                   : 0;
+                q.block0 = pass1.n
+                               ? pass1.job[pass1.n - 1].block0 + pass1.job[pass1.n - 1].chunks *
+                                                                     pass1.job[pass1.n - 1].heads *
+                                                                     pass1.job[pass1.n - 1].batch
+                               : 0;
                 pass1.job[pass1.n++] = q;
-                cudaError_t err = cudaMemsetAsync(q.amax, 0, (size_t)(q.batch * q.heads) * sizeof(float), st);
+                cudaError_t err =
+                    cudaMemsetAsync(q.amax, 0, (size_t)(q.batch * q.heads) * sizeof(float), st);
                 if (err != cudaSuccess)
                     return fmha_cuda::cuda_error(err, "clearing the int8_qk quantizer's amax");
             }

@@ -509,6 +509,7 @@ def _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     return tuple(objs)
 
 
+@T.returns_like()
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None,
                        window=(-1, -1), softcap=0.0, dropout_p=0.0, seed=None,
                        deterministic=False, dq=None, dk=None, dv=None):
@@ -529,6 +530,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     return _padded_backward(dout, q, k, v, out, lse, opts, seed, (dq, dk, dv))
 
 
+@T.returns_like()
 def varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, *, causal=False, softmax_scale=None,
                               window=(-1, -1), softcap=0.0, dropout_p=0.0, seed=None,
@@ -541,6 +543,7 @@ def varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                             max_seqlen_k, opts, seed, (dq, dk, dv))
 
 
+@T.returns_like()
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
               k_descale=None, v_descale=None):
@@ -570,13 +573,16 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     Returns out [B, Sq, H, Dv] (q's dtype, family and device, bfloat16 for
     FP8 q; or `out`, written in place, float32, float16 or bfloat16), or
     (out, lse) with lse [B, H, Sq] float32 (natural log; -inf for rows that
-    see no key).
+    see no key). Every function here returns arrays of q's family: a
+    foreign array with __dlpack__ and __array_namespace__ (CuPy, JAX) gets
+    its own type back (that namespace's from_dlpack, sharing memory).
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _padded(q, k, v, opts, out, return_lse, seed,
                    descales=(q_descale, k_descale, v_descale))
 
 
+@T.returns_like()
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
                      dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
@@ -690,6 +696,7 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     return (out, lse) if return_lse else out
 
 
+@T.returns_like()
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                       cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                       rotary_interleaved=True, causal=False, softmax_scale=None,
@@ -826,6 +833,7 @@ class Attention:
         dev, idx = _device(device)
         return self._layer(_dtype_code(dtype), dev, idx, self.head_size).kernel_name
 
+    @T.returns_like(1)
     def forward(self, q, k, v, *, out=None, return_lse=False, seed=None, q_descale=None,
                 k_descale=None, v_descale=None):
         """q [B, Sq, num_heads, head_size], k/v [B, Sk, num_kv_heads, head_size]
@@ -836,6 +844,7 @@ class Attention:
 
     __call__ = forward
 
+    @T.returns_like(1)
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                        out=None, return_lse=False, seed=None, q_descale=None, k_descale=None,
                        v_descale=None):
@@ -846,6 +855,7 @@ class Attention:
                        self._opts, out, return_lse, seed, self._layer_for,
                        (q_descale, k_descale, v_descale))
 
+    @T.returns_like(1)
     def decode(self, q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                rotary_interleaved=True, num_splits=0, out=None, return_lse=False):
@@ -856,6 +866,7 @@ class Attention:
                        cache_batch_idx, block_table, self._opts, rotary_interleaved, num_splits,
                        out, return_lse, self._layer_for)
 
+    @T.returns_like(1)
     def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None):
         """The gradients (dq, dk, dv) of forward(q, k, v) for dout, the
         gradient of its out; out and lse are forward()'s (return_lse=True),
@@ -864,6 +875,7 @@ class Attention:
         return _padded_backward(dout, q, k, v, out, lse, self._opts, seed, (dq, dk, dv),
                                 layer_for=self._layer_for)
 
+    @T.returns_like(1)
     def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                         max_seqlen_k, *, seed=None, dq=None, dk=None, dv=None):
         """backward() for forward_varlen(): packed tensors, lse [H, total_q]."""

@@ -3,6 +3,7 @@ fmha_tensor views: data pointer, fmha dtype, shape and element strides, taken
 as they are (never copied). Also allocates outputs of the same family and
 device as q. torch is used only when the caller's objects are torch tensors
 (it is never imported just to check a type)."""
+import functools
 import numbers
 import operator
 import sys
@@ -118,6 +119,36 @@ def as_array(x, name):
         return _from_dlpack(x, name)
     raise TypeError("%s: expected a numpy array, a torch tensor or an object with __dlpack__, "
                     "got %s" % (name, type(x).__name__))
+
+
+def _namespace_of(x):
+    """The array API namespace of a foreign array (neither numpy nor torch)
+    that offers one and __dlpack__; else None."""
+    if isinstance(x, np.ndarray) or is_torch(x) or not hasattr(x, "__dlpack__"):
+        return None
+    ns = getattr(x, "__array_namespace__", None)
+    return ns() if ns is not None else None
+
+
+def returns_like(index=0):
+    """Decorator: the function's arrays come back in the family of its
+    positional argument `index`: a foreign array with __dlpack__ and
+    __array_namespace__ (CuPy, JAX, ...) gets them through that namespace's
+    from_dlpack, sharing memory; numpy and torch inputs, and DLPack objects
+    without a namespace, get numpy arrays or torch tensors as before."""
+    def deco(f):
+        @functools.wraps(f)
+        def g(*args, **kwargs):
+            result = f(*args, **kwargs)
+            xp = _namespace_of(args[index]) if len(args) > index else None
+            if xp is None:
+                return result
+
+            def back(a):
+                return a if a is None or _namespace_of(a) is xp else xp.from_dlpack(a)
+            return tuple(back(a) for a in result) if isinstance(result, tuple) else back(result)
+        return g
+    return deco
 
 
 _LAYOUTS = {4: "[batch, seqlen, heads, head_dim]", 3: "[total_tokens, heads, head_dim]"}

@@ -242,6 +242,41 @@ def test_dlpack_inputs(rng):
     np.testing.assert_array_equal(out, fmha.attention(q, k, v, causal=True))
 
 
+class ForeignArray(DLPackOnly):
+    """A foreign array library's array: DLPack and an array API namespace
+    whose from_dlpack makes more of them (as CuPy's and JAX's do)."""
+
+    class namespace:
+        @staticmethod
+        def from_dlpack(x):
+            return ForeignArray(np.from_dlpack(x))
+
+    def __array_namespace__(self, api_version=None):
+        return ForeignArray.namespace
+
+
+def test_foreign_arrays_come_back_in_their_family(rng):
+    q, k, v = (ref.make(rng, (2, 12, 2, 16), "f16") for _ in range(3))
+    fq, fk, fv = (ForeignArray(x) for x in (q, k, v))
+    out, lse = fmha.attention(fq, fk, fv, causal=True, return_lse=True)
+    want, want_lse = fmha.attention(q, k, v, causal=True, return_lse=True)
+    assert isinstance(out, ForeignArray) and isinstance(lse, ForeignArray)
+    np.testing.assert_array_equal(out._a, want)
+    np.testing.assert_array_equal(lse._a, want_lse)
+    # the layer, the FlashAttention names and the backward too
+    layer = fmha.Attention(2, 16, causal=True)
+    assert isinstance(layer(fq, fk, fv), ForeignArray)
+    assert isinstance(fmha.flash_attn_func(fq, fk, fv, causal=True), ForeignArray)
+    grads = fmha.attention_backward(ForeignArray(np.ones_like(want)), fq, fk, fv,
+                                    ForeignArray(want), ForeignArray(want_lse), causal=True)
+    assert len(grads) == 3 and all(isinstance(g, ForeignArray) for g in grads)
+    # out= given: the same memory comes back, as a foreign array
+    buf = np.full_like(want, np.nan)
+    res = fmha.attention(fq, fk, fv, causal=True, out=ForeignArray(buf))
+    assert isinstance(res, ForeignArray) and np.shares_memory(res._a, buf)
+    np.testing.assert_array_equal(buf, want)
+
+
 def test_threads_do_not_change_results(rng):
     # Results are documented not to depend on the thread count; calls from
     # several Python threads at once must not mix their errors or outputs.

@@ -55,7 +55,7 @@ fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float
                                    int64_t kv_heads, int64_t group, double scale, void *stream);
 
 /* fmha_backend.quantize_rows on CUDA (cuda_int8.cu), queued on `stream`:
- * two launches for q, k and v where they share a row length. */
+ * one launch per job, two for per-(batch, head) scales. */
 fmha_status fmha_cuda_quantize_rows(const fmha_rows_job *jobs, int n, void *stream);
 
 #ifdef __cplusplus

@@ -2,8 +2,10 @@
 [B, S, H, D] and packed [T, H, D] tensors, and the Attention layer object.
 Every call validates in libfmha (the C library's messages become the
 exceptions' text) and runs on the tensors' own memory, strides included."""
+import collections
 import contextlib
 import itertools
+import os
 import sys
 import threading
 import warnings
@@ -241,6 +243,40 @@ def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None, descales=None):
             _lib.raise_for_status(_lib.fmha_forward(cfg, a))
 
 
+# The environment variables a libfmha layer reads once, at its making (fmha.h):
+# a kept layer is only reused while they are unchanged.
+_KNOBS = ("FMHA_CPU_ISA", "FMHA_CUDA_KERNEL", "FMHA_CUDA_SCHEDULE", "FMHA_CUDA_CLUSTER",
+          "FMHA_FP8_ACCUM", "FMHA_FP8_ATTN")
+_ONESHOT_LAYERS = 32  # per thread, least recently used out first
+_oneshot = threading.local()
+
+
+def _oneshot_layer(cfg, v):
+    """The libfmha layer of a function call (attention(), varlen_attention(),
+    the backward and decode functions): making one costs more than a small
+    call, so each thread keeps its latest ones, keyed by the configuration,
+    the device and the knobs in the environment."""
+    cache = getattr(_oneshot, "layers", None)
+    if cache is None:
+        cache = _oneshot.layers = collections.OrderedDict()
+    key = (bytes(cfg), v.device_index, tuple(os.environ.get(n) for n in _KNOBS))
+    layer = cache.get(key)
+    if layer is not None:
+        cache.move_to_end(key)
+        return layer
+    ctx = contextlib.nullcontext()
+    if cfg.device == _lib.DEVICE_CUDA and v.device_index is not None:
+        torch = T._import_torch()
+        if torch is not None:
+            ctx = torch.cuda.device(v.device_index)
+    with ctx:
+        layer = _lib.Layer(cfg)
+    cache[key] = layer
+    if len(cache) > _ONESHOT_LAYERS:
+        cache.popitem(last=False)
+    return layer
+
+
 def _out_view(out, q, shape):
     if out is None:
         obj = T.empty(q, shape)
@@ -355,7 +391,7 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
                              % (list(qv.shape), list(kv.shape), list(vv.shape)))
         _answer_empty(cfg, qv, ov, lse, layer_for)
     else:
-        layer = layer_for(cfg, qv) if layer_for else None
+        layer = (layer_for or _oneshot_layer)(cfg, qv)
         _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed, descales=descales)
     del descales  # the descale arrays (maybe converted copies) lived through the call
     return (out, lse) if return_lse else out
@@ -399,7 +435,7 @@ def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if Tq == 0 or Tk == 0:
         _answer_empty(cfg, qv, ov, lse, layer_for)
     else:
-        layer = layer_for(cfg, qv) if layer_for else None
+        layer = (layer_for or _oneshot_layer)(cfg, qv)
         _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed,
              varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), descales=descales)
     # the index and descale arrays (maybe converted copies) lived through the call
@@ -477,7 +513,7 @@ def _padded_backward(dout, q, k, v, out, lse, opts, seed, given=(None,) * 3, nee
     objs, grads = _grad_views(given, need, (qv, kv, vv))
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     seed = _backward_seed(seed, opts.dropout_p)
-    layer = layer_for(cfg, qv) if layer_for else None
+    layer = (layer_for or _oneshot_layer)(cfg, qv)
     _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed)
     del lse  # a converted copy lived through the call
     return tuple(objs)
@@ -502,7 +538,7 @@ def _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     objs, grads = _grad_views(given, need, (qv, kv, vv))
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     seed = _backward_seed(seed, opts.dropout_p)
-    layer = layer_for(cfg, qv) if layer_for else None
+    layer = (layer_for or _oneshot_layer)(cfg, qv)
     _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed,
                   varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k))
     del lse, cuq, cuk  # converted copies lived through the call
@@ -688,10 +724,7 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     with _cuda_context(qv) as stream:
         a.stream = stream
-        if layer_for is not None:
-            layer_for(cfg, qv).decode(a)
-        else:
-            _lib.raise_for_status(_lib.fmha_decode(cfg, a))
+        (layer_for or _oneshot_layer)(cfg, qv).decode(a)
     del keep
     return (out, lse) if return_lse else out
 

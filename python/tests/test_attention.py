@@ -277,6 +277,22 @@ def test_foreign_arrays_come_back_in_their_family(rng):
     np.testing.assert_array_equal(buf, want)
 
 
+def test_function_calls_keep_layers_but_follow_the_environment(rng, monkeypatch):
+    """attention() keeps the libfmha layer of its configuration between calls
+    (per thread), and makes a new one when a knob a layer reads at its making
+    changes: a bad FMHA_CPU_ISA fails the next call, as it would a new layer."""
+    q, k, v = (ref.make(rng, (1, 9, 2, 16), "f32") for _ in range(3))
+    first = fmha.attention(q, k, v, causal=True)
+    np.testing.assert_array_equal(fmha.attention(q, k, v, causal=True), first)
+    monkeypatch.setenv("FMHA_CPU_ISA", "bogus")
+    with pytest.raises(fmha.InvalidArgumentError, match="FMHA_CPU_ISA=bogus"):
+        fmha.attention(q, k, v, causal=True)
+    monkeypatch.setenv("FMHA_CPU_ISA", "scalar")
+    ref.assert_close(fmha.attention(q, k, v, causal=True), first, "f32", "scalar kernel")
+    monkeypatch.delenv("FMHA_CPU_ISA")
+    np.testing.assert_array_equal(fmha.attention(q, k, v, causal=True), first)
+
+
 def test_threads_do_not_change_results(rng):
     # Results are documented not to depend on the thread count; calls from
     # several Python threads at once must not mix their errors or outputs.

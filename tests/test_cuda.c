@@ -209,6 +209,27 @@ static void test_fp8_compute_layer(int varlen)
     tu_tensor_free(&o_ref);
 }
 
+/* Four runs' outputs on q's shape (f32, poisoned) and LSEs (poisoned), and
+ * the forward arguments they share; packed with cu (both sides) when given. */
+static fmha_forward_args four_runs(const tu_tensor *q, const tu_tensor *k, const tu_tensor *v,
+                                   tu_tensor *out, float **lse, int32_t *cu, int64_t nseq)
+{
+    const fmha_tensor *t = &q->t;
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_init(&out[i], FMHA_DTYPE_F32, t->batch, t->seqlen, t->heads, v->t.head_dim, 0,
+                       0xFF);
+        const size_t n = (size_t)(t->batch * t->heads * t->seqlen);
+        lse[i] = malloc(n * sizeof(float));
+        memset(lse[i], 0xFF, n * sizeof(float));
+    }
+    fmha_forward_args a = {.q = q->t, .k = k->t, .v = v->t};
+    if (cu) {
+        a.cu_seqlens_q = a.cu_seqlens_k = cu;
+        a.varlen_batch = nseq;
+    }
+    return a;
+}
+
 /* fp8_smooth_k on CUDA: K gets four channels offset by +20 .. +100, times a
  * factor per (batch entry, KV head) so that a mean taken from the wrong one
  * shows. The smoothed GPU layer must take the FP8 path and say so, land near
@@ -253,15 +274,8 @@ static void test_fp8_smooth_k_layer(int varlen)
     enum { GPU, PLAIN, CPU, REF };
     const size_t nlse = (size_t)(tb * H * ts);
     float *lse[4];
-    fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t};
-    if (varlen) {
-        a.cu_seqlens_q = a.cu_seqlens_k = cu;
-        a.varlen_batch = B;
-    }
+    fmha_forward_args a = four_runs(&q, &k, &v, out, lse, varlen ? cu : NULL, B);
     for (int i = 0; i < 4; i++) {
-        tu_tensor_init(&out[i], FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
-        lse[i] = malloc(nlse * sizeof(float));
-        memset(lse[i], 0xFF, nlse * sizeof(float));
         fmha_config c = cfg;
         c.fp8_smooth_k = i != PLAIN;
         c.device = i == CPU || i == REF ? FMHA_DEVICE_CPU : FMHA_DEVICE_CUDA;
@@ -349,15 +363,8 @@ static void test_int8_qk_layer(int64_t D, int varlen, int64_t KV, int causal, in
     enum { INT8, E4M3, SMOOTH, REF };
     const size_t nlse = (size_t)(tb * H * ts);
     float *lse[4];
-    fmha_forward_args a = {.q = q.t, .k = k.t, .v = v.t};
-    if (varlen) {
-        a.cu_seqlens_q = a.cu_seqlens_k = cu;
-        a.varlen_batch = B;
-    }
+    fmha_forward_args a = four_runs(&q, &k, &v, out, lse, varlen ? cu : NULL, B);
     for (int i = 0; i < 4; i++) {
-        tu_tensor_init(&out[i], FMHA_DTYPE_F32, tb, ts, H, D, 0, 0xFF);
-        lse[i] = malloc(nlse * sizeof(float));
-        memset(lse[i], 0xFF, nlse * sizeof(float));
         fmha_config c = cfg;
         c.fp8_compute = i == INT8 ? FMHA_FP8_COMPUTE_INT8_QK : FMHA_FP8_COMPUTE_PER_TENSOR;
         c.fp8_smooth_k = i == SMOOTH;

@@ -792,6 +792,24 @@ static void test_reference_ignores_compute(void)
  * (here FMHA_FP8_ATTN=0; on CUDA, until a GPU FP8 path exists) it runs
  * cfg.dtype's kernel, bit for bit what a plain layer computes, and says why.
  * A configuration the fallback cannot run either fails as that one does. */
+/* A fallen-back layer gives a plain bf16 layer's bits, out and lse. */
+static void check_same_bits(fmha_layer *layer, fmha_layer *plain, conv_case *cc, const char *what)
+{
+    conv_out x, y;
+    out_init(&x, cc, FMHA_DTYPE_BF16);
+    out_init(&y, cc, FMHA_DTYPE_BF16);
+    cc->a.out = x.out.t;
+    cc->a.lse = x.lse;
+    TU_CHECK(fmha_layer_forward(layer, &cc->a) == FMHA_STATUS_OK, "%s: %s", what,
+             fmha_last_error());
+    cc->a.out = y.out.t;
+    cc->a.lse = y.lse;
+    TU_CHECK(fmha_layer_forward(plain, &cc->a) == FMHA_STATUS_OK, "%s", fmha_last_error());
+    TU_CHECK(out_same(&x, &y), "%s differs from a plain bf16 layer", what);
+    out_free(&x);
+    out_free(&y);
+}
+
 static void test_compute_fallback(void)
 {
     tu_rng r = {77};
@@ -819,18 +837,7 @@ static void test_compute_fallback(void)
                  fmha_layer_kernel(direct)->name);
         TU_CHECK(fmha_last_error()[0] == '\0', "a fallback is not an error: \"%s\"",
                  fmha_last_error());
-        conv_out x, y;
-        out_init(&x, &cc, FMHA_DTYPE_BF16);
-        out_init(&y, &cc, FMHA_DTYPE_BF16);
-        cc.a.out = x.out.t;
-        cc.a.lse = x.lse;
-        TU_CHECK(fmha_layer_forward(layer, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
-        cc.a.out = y.out.t;
-        cc.a.lse = y.lse;
-        TU_CHECK(fmha_layer_forward(direct, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
-        TU_CHECK(out_same(&x, &y), "the fallback differs from a plain bf16 layer");
-        out_free(&x);
-        out_free(&y);
+        check_same_bits(layer, direct, &cc, "the FMHA_FP8_ATTN=0 fallback");
         fmha_layer_free(layer);
     }
     setenv("FMHA_FP8_ATTN", "1", 1);
@@ -888,18 +895,7 @@ static void test_int8_qk_cpu(void)
                  strstr(reason, "has no INT8 Q K^T") && strstr(reason, "running bf16 on"),
              "int8_qk on the CPU: path %s (%s)",
              fmha_layer_path_name(fmha_layer_get_path(layer, NULL)), reason);
-    conv_out x, y;
-    out_init(&x, &cc, FMHA_DTYPE_BF16);
-    out_init(&y, &cc, FMHA_DTYPE_BF16);
-    cc.a.out = x.out.t;
-    cc.a.lse = x.lse;
-    TU_CHECK(fmha_layer_forward(layer, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
-    cc.a.out = y.out.t;
-    cc.a.lse = y.lse;
-    TU_CHECK(fmha_layer_forward(direct, &cc.a) == FMHA_STATUS_OK, "%s", fmha_last_error());
-    TU_CHECK(out_same(&x, &y), "the int8_qk fallback differs from a plain bf16 layer");
-    out_free(&x);
-    out_free(&y);
+    check_same_bits(layer, direct, &cc, "the int8_qk fallback");
     fmha_layer_free(layer);
     fmha_layer_free(direct);
 

@@ -230,6 +230,17 @@ static fmha_forward_args four_runs(const tu_tensor *q, const tu_tensor *k, const
     return a;
 }
 
+static void four_runs_free(tu_tensor *q, tu_tensor *k, tu_tensor *v, tu_tensor *out, float **lse)
+{
+    for (int i = 0; i < 4; i++) {
+        tu_tensor_free(&out[i]);
+        free(lse[i]);
+    }
+    tu_tensor_free(q);
+    tu_tensor_free(k);
+    tu_tensor_free(v);
+}
+
 /* fp8_smooth_k on CUDA: K gets four channels offset by +20 .. +100, times a
  * factor per (batch entry, KV head) so that a mean taken from the wrong one
  * shows. The smoothed GPU layer must take the FP8 path and say so, land near
@@ -307,13 +318,7 @@ static void test_fp8_smooth_k_layer(int varlen)
              "rows without keys or non-finite values: %d)",
              lse_ref, lse_cpu, bad);
     TU_CHECK(tu_gaps_untouched(&out[GPU], 0xFF), "fp8_smooth_k on CUDA wrote outside out");
-    for (int i = 0; i < 4; i++) {
-        tu_tensor_free(&out[i]);
-        free(lse[i]);
-    }
-    tu_tensor_free(&q);
-    tu_tensor_free(&k);
-    tu_tensor_free(&v);
+    four_runs_free(&q, &k, &v, out, lse);
 }
 
 /* fp8_compute = int8_qk: K gets channels offset (+20 .. +100) and channels
@@ -403,13 +408,7 @@ static void test_int8_qk_layer(int64_t D, int varlen, int64_t KV, int causal, in
              "int8_qk on CUDA (D %lld): LSE off by %.3g, smoothed e4m3 by %.3g (bad rows %d)",
              (long long)D, lse_err, lse_smooth, bad);
     TU_CHECK(tu_gaps_untouched(&out[INT8], 0xFF), "int8_qk on CUDA wrote outside out");
-    for (int i = 0; i < 4; i++) {
-        tu_tensor_free(&out[i]);
-        free(lse[i]);
-    }
-    tu_tensor_free(&q);
-    tu_tensor_free(&k);
-    tu_tensor_free(&v);
+    four_runs_free(&q, &k, &v, out, lse);
 }
 
 /* Empty problems on CUDA (fmha.h): batch 0 is OK with nothing written;

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [cli] [variants] [debug] [quant] [quant-ncu]
+# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [lowp] [cli] [variants] [debug] [quant] [quant-ncu]
 # ab: AB_BASE=DIR, a source tree of another commit (git archive COMMIT CMakeLists.txt src include
 # tools tests | tar -x -C DIR), is built into build-base and timed beside this tree's library in one
 # process (bench_cuda.py --ab-lib); AB_BASE is built in the background while the other steps run.
@@ -120,6 +120,16 @@ for step in "$@"; do
             python3 bench/bench_quant.py --lib build-gpu/libfmha.so --iters 1 > "$OUT/quant-ncu.txt" 2>&1
         summary+=("quant-ncu rc=$?")
         grep -E "Duration|DRAM Throughput|Memory Throughput|dram__|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Stall|No Eligible|L2 Hit|Waves" "$OUT/quant-ncu.txt" | head -30 ;;
+    lowp) # fp8_compute = int8_qk: its GPU tests (test_cuda's int8_qk cases, a few of the rest), memcheck,
+        # then every layer mode's accuracy and speed beside E4M3, bf16 and cuDNN (bench_lowp.py)
+        FMHA_TEST_CASES=5 FMHA_TEST_LONG=0 timeout 200 build-gpu/test_cuda > "$OUT/test_cuda_lowp.log" 2>&1
+        summary+=("test_cuda rc=$? $(tail -1 "$OUT/test_cuda_lowp.log")")
+        grep -E "FAIL|int8_qk on" "$OUT/test_cuda_lowp.log" | head -20
+        FMHA_TEST_CASES=2 FMHA_TEST_LONG=0 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            build-gpu/test_cuda > "$OUT/memcheck_lowp.log" 2>&1
+        summary+=("memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_lowp.log" | tail -1)")
+        python3 bench/bench_lowp.py --lib build-gpu/libfmha.so > "$OUT/bench_lowp.log" 2>&1
+        summary+=("bench_lowp rc=$?"); grep -v "^|" "$OUT/bench_lowp.log" ;;
     fp8|fp8-quick) # FP8 attention against fmha bf16 and cuDNN, both accumulation modes, accuracy
         q=""; [ "$step" = fp8-quick ] && q=--quick
         python3 bench/bench_fp8.py --lib build-gpu/libfmha.so $q > "$OUT/bench_fp8.log" 2>&1

@@ -144,8 +144,8 @@ static fmha_status int8_layer_forward(const fmha_plan *plan, const fmha_backend 
                                       const fmha_problem *pb, fmha_kernel_info *ran)
 {
     const fmha_forward_args *args = pb->args;
-    const int64_t nseq = pb->batch, d = args->q.head_dim;
-    const int rotate = d >= 32 && d <= 256 && !(d & (d - 1));
+    const int64_t nseq = pb->batch;
+    const int rotate = fmha_int8_qk_rotates(args->q.head_dim);
     if (!be->quantize_rows)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "fp8_compute = int8_qk: the %s backend has no INT8 quantizer",
@@ -168,9 +168,15 @@ static fmha_status int8_layer_forward(const fmha_plan *plan, const fmha_backend 
     fmha_rows_job jobs[3];
     for (int i = 0; i < 3; i++) {
         *dst[i] = code_view(base + L.codes[i], src[i], L.dpad[i]);
-        jobs[i] = (fmha_rows_job){
-            src[i], i == 1 ? mean : NULL,          dst[i], i < 2, i == 0, i < 2 && rotate,
-            nseq,   (float *)(base + L.scales[i]), amax[i]};
+        jobs[i] = (fmha_rows_job){.x = src[i],
+                                  .mean = i == 1 ? mean : NULL, /* k less its means */
+                                  .y = dst[i],
+                                  .int8 = i < 2, /* q, k INT8; v e4m3 */
+                                  .per_row = i == 0,
+                                  .rotate = i < 2 && rotate,
+                                  .nseq = nseq,
+                                  .scales = (float *)(base + L.scales[i]),
+                                  .amax = amax[i]};
     }
     if ((st = be->quantize_rows(jobs, 3, args->stream)) != FMHA_STATUS_OK) {
         char msg[512];

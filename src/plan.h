@@ -38,6 +38,13 @@ enum {
 /* Not a public layout: fp8_compute = int8_qk's INT8 q and k (layer_fp8.c) */
 #define FMHA_DL_INT8_QK (1u << 8)
 
+/* Whether int8_qk rotates q and k by the Hadamard matrix at this head dim:
+ * powers of two from 32 to 256 (the quantizer's rows). */
+static inline int fmha_int8_qk_rotates(int64_t head_dim)
+{
+    return head_dim >= 32 && head_dim <= 256 && !(head_dim & (head_dim - 1));
+}
+
 /* One row of kernels.def. */
 typedef struct fmha_kernel_desc {
     fmha_kernel_info info; /* id, device, cpu_isa, name: what fmha_layer_kernel reports */

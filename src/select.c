@@ -303,7 +303,6 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
     plan->cfg.fp8_smooth_k = 0;
     const int per_block = cfg->fp8_compute == FMHA_FP8_COMPUTE_PER_BLOCK;
     const int int8_qk = cfg->fp8_compute == FMHA_FP8_COMPUTE_INT8_QK;
-    const int64_t d = cfg->head_dim;
     char why[512] = "";
     fmha_status st = FMHA_STATUS_UNSUPPORTED;
     if (plan->knobs.fp8_attn_off) {
@@ -319,7 +318,7 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
                  "%s has no INT8 Q K^T (fp8_compute = int8_qk runs on Hopper GPUs)",
                  plan->kernel->info.name);
     } else if (st == FMHA_STATUS_OK && int8_qk) {
-        const int rotate = d >= 32 && d <= 256 && !(d & (d - 1));
+        const int rotate = fmha_int8_qk_rotates(cfg->head_dim);
         plan->path = FMHA_LAYER_PATH_FP8;
         plan->int8_qk = 1;
         snprintf(plan->reason, sizeof plan->reason,

@@ -10,7 +10,9 @@ bench_cuda.py (N(0, 1) inputs); accuracy on [1, ACC_TOKENS, 8, 128] inputs again
 reference over the first ACC_ROWS query rows of each head: relative L2, 1 - cosine similarity and
 the largest absolute error.
 
-usage: python3 bench/bench_lowp.py [--lib build/libfmha.so] [--quick] [--out FILE.md]
+usage: python3 bench/bench_lowp.py [--lib build/libfmha.so] [--quick] [--shape NAME ...] [--out FILE.md]
+
+--quick: bench_cuda.py's quick shapes; --shape (repeatable): only these (with --quick: both).
 """
 import argparse
 import ctypes as C

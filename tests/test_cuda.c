@@ -328,7 +328,8 @@ static void test_fp8_smooth_k_layer(int varlen)
  * times the smoothed e4m3 layer (output and LSE: the LSE of the unsmoothed
  * scores), and write nothing outside out. Each head dim class: 64, 128, 256 (rotated), 96 and 80 (not:
  * no power of two); padded and packed; GQA and MHA; causal and windowed. */
-static void test_int8_qk_layer(int64_t D, int varlen, int64_t KV, int causal, int64_t window)
+static void test_int8_qk_layer(int64_t D, int varlen, int64_t KV, int causal, int64_t window,
+                               double dropout_p)
 {
     const int64_t B = 2, S = 333, H = 4;
     fmha_config cfg;
@@ -336,6 +337,7 @@ static void test_int8_qk_layer(int64_t D, int varlen, int64_t KV, int causal, in
     cfg.fp8_compute = FMHA_FP8_COMPUTE_INT8_QK;
     cfg.causal = causal;
     cfg.window_left = window;
+    cfg.dropout_p = dropout_p; /* every run below draws the same mask (seed 0) */
     cfg.device = FMHA_DEVICE_CUDA;
     fmha_layer *layer;
     TU_CHECK(fmha_layer_init(&layer, &cfg) == FMHA_STATUS_OK, "int8_qk layer: %s",
@@ -391,12 +393,11 @@ static void test_int8_qk_layer(int64_t D, int varlen, int64_t KV, int causal, in
     int bad = 0;
     const double lse_err = tu_lse_err(lse[INT8], lse[REF], (int64_t)nlse, &bad),
                  lse_smooth = tu_lse_err(lse[SMOOTH], lse[REF], (int64_t)nlse, &bad);
-    printf(
-        "int8_qk on CUDA (D %lld%s, %lld/%lld heads%s%s): rel. L2 %.2e against the exact answer; "
-        "per-tensor e4m3 %.2e, smoothed %.2e; LSE within %.3f (smoothed e4m3 %.3f)\n",
-        (long long)D, varlen ? ", packed" : "", (long long)H, (long long)KV,
-        causal ? ", causal" : "", window >= 0 ? ", window" : "", e_int8, e_e4m3, e_smooth, lse_err,
-        lse_smooth);
+    printf("int8_qk on CUDA (D %lld%s, %lld/%lld heads%s%s%s): rel. L2 %.2e against the exact "
+           "answer; per-tensor e4m3 %.2e, smoothed %.2e; LSE within %.3f (smoothed e4m3 %.3f)\n",
+           (long long)D, varlen ? ", packed" : "", (long long)H, (long long)KV,
+           causal ? ", causal" : "", window >= 0 ? ", window" : "",
+           dropout_p > 0 ? ", dropout" : "", e_int8, e_e4m3, e_smooth, lse_err, lse_smooth);
     /* Rotated, the claim of fmha.h: clearly better than smoothed e4m3. Not
      * rotated (head dims that are no power of two), INT8 codes of K's scaled
      * channels lose what e4m3's relative steps keep: near the smoothed e4m3. */
@@ -708,14 +709,16 @@ int main(int argc, char **argv)
         test_fp8_compute_layer(1);
         test_fp8_smooth_k_layer(0);
         test_fp8_smooth_k_layer(1);
-        test_int8_qk_layer(128, 0, 2, 0, -1);
-        test_int8_qk_layer(128, 1, 2, 1, -1);
-        test_int8_qk_layer(64, 0, 4, 1, -1);
-        test_int8_qk_layer(64, 1, 1, 0, 100);
-        test_int8_qk_layer(256, 0, 2, 0, -1);
-        test_int8_qk_layer(256, 1, 4, 1, -1);
-        test_int8_qk_layer(96, 0, 2, 1, -1);
-        test_int8_qk_layer(80, 1, 2, 0, -1);
+        test_int8_qk_layer(128, 0, 2, 0, -1, 0.0);
+        test_int8_qk_layer(128, 1, 2, 1, -1, 0.0);
+        test_int8_qk_layer(64, 0, 4, 1, -1, 0.0);
+        test_int8_qk_layer(64, 1, 1, 0, 100, 0.0);
+        test_int8_qk_layer(256, 0, 2, 0, -1, 0.0);
+        test_int8_qk_layer(256, 1, 4, 1, -1, 0.0);
+        test_int8_qk_layer(96, 0, 2, 1, -1, 0.0);
+        test_int8_qk_layer(80, 1, 2, 0, -1, 0.0);
+        test_int8_qk_layer(128, 1, 2, 1, -1, 0.1); /* the dropout variant */
+        test_int8_qk_layer(256, 0, 4, 0, -1, 0.1);
     }
     test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);

@@ -13,65 +13,45 @@
 #include <strings.h>
 
 const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
-#define FMHA_CPU_KERNEL(name, isa, compute, inputs)                                  \
-    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
-                               isa,                                                  \
-                               NULL,                                                 \
-                               #compute,                                             \
-                               inputs,                                               \
-                               FMHA_DL_ALL,                                          \
-                               65536,                                                \
-                               0,                                                    \
-                               0,                                                    \
-                               -1,                                                   \
-                               1,                                                    \
-                               0,                                                    \
-                               FMHA_KERNEL_ID_##name},
+/* One row per device; the forward and backward macros of kernels.def fill
+ * their columns and the defaults of the kind. */
+#define FMHA_CPU_ROW(name, isa, compute_, inputs_, descales_, caches_, backward_, ops_)      \
+    [FMHA_KERNEL_ID_##name] = {.info = {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
+                               .level = isa,                                                 \
+                               .compute = #compute_,                                         \
+                               .inputs = inputs_,                                            \
+                               .descales = descales_,                                        \
+                               .max_head_dim = 65536,                                        \
+                               .fallback = -1,                                               \
+                               .caches = caches_,                                            \
+                               .backward = backward_,                                        \
+                               .ops = FMHA_KERNEL_ID_##ops_},
+#define FMHA_CUDA_ROW(name, family_, min_sm, sm90a_, compute_, inputs_, max_d, descales_, tma_, \
+                      fallback_, caches_, backward_)                                            \
+    [FMHA_KERNEL_ID_##                                                                          \
+        name] = {.info = {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},   \
+                 .level = min_sm,                                                               \
+                 .family = #family_,                                                            \
+                 .compute = #compute_,                                                          \
+                 .inputs = inputs_,                                                             \
+                 .descales = descales_,                                                         \
+                 .max_head_dim = max_d,                                                         \
+                 .sm90a = sm90a_,                                                               \
+                 .tma = tma_,                                                                   \
+                 .fallback = fallback_,                                                         \
+                 .caches = caches_,                                                             \
+                 .backward = backward_,                                                         \
+                 .ops = FMHA_KERNEL_ID_##name},
+#define FMHA_CPU_KERNEL(name, isa, compute, inputs) \
+    FMHA_CPU_ROW(name, isa, compute, inputs, FMHA_DL_ALL, 1, 0, name)
+#define FMHA_CPU_BWD_KERNEL(name, isa, compute, inputs, ops) \
+    FMHA_CPU_ROW(name, isa, compute, inputs, 0, 0, 1, ops)
 #define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback, \
                          caches)                                                                  \
-    [FMHA_KERNEL_ID_##                                                                            \
-        name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},             \
-                 min_sm,                                                                          \
-                 #family,                                                                         \
-                 #compute,                                                                        \
-                 inputs,                                                                          \
-                 descales,                                                                        \
-                 max_d,                                                                           \
-                 sm90a,                                                                           \
-                 FMHA_TMA_##compute,                                                              \
-                 FMHA_KERNEL_ID_##fallback,                                                       \
-                 caches,                                                                          \
-                 0,                                                                               \
-                 FMHA_KERNEL_ID_##name},
-#define FMHA_CPU_BWD_KERNEL(name, isa, compute, inputs, ops)                         \
-    [FMHA_KERNEL_ID_##name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
-                               isa,                                                  \
-                               NULL,                                                 \
-                               #compute,                                             \
-                               inputs,                                               \
-                               0,                                                    \
-                               65536,                                                \
-                               0,                                                    \
-                               0,                                                    \
-                               -1,                                                   \
-                               0,                                                    \
-                               1,                                                    \
-                               FMHA_KERNEL_ID_##ops},
-#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d)            \
-    [FMHA_KERNEL_ID_##                                                                \
-        name] = {{FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name}, \
-                 min_sm,                                                              \
-                 #family,                                                             \
-                 #compute,                                                            \
-                 inputs,                                                              \
-                 0,                                                                   \
-                 max_d,                                                               \
-                 0,                                                                   \
-                 0,                                                                   \
-                 -1,                                                                  \
-                 0,                                                                   \
-                 1,                                                                   \
-                 FMHA_KERNEL_ID_##name},
+    FMHA_CUDA_ROW(name, family, min_sm, sm90a, compute, inputs, max_d, descales,                  \
+                  FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback, caches, 0)
+#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d) \
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0, 1)
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1
@@ -83,6 +63,8 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #undef FMHA_CUDA_KERNEL
 #undef FMHA_CPU_BWD_KERNEL
 #undef FMHA_CUDA_BWD_KERNEL
+#undef FMHA_CPU_ROW
+#undef FMHA_CUDA_ROW
 };
 
 /* ------------------------------------------------------------------ knobs */

@@ -243,6 +243,13 @@ def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None, descales=None):
             _lib.raise_for_status(_lib.fmha_forward(cfg, a))
 
 
+def _new_layer(cfg, index):
+    """A libfmha layer for cfg, made on CUDA device `index` (None: the current one)."""
+    torch = T._import_torch() if cfg.device == _lib.DEVICE_CUDA and index is not None else None
+    with torch.cuda.device(index) if torch is not None else contextlib.nullcontext():
+        return _lib.Layer(cfg)
+
+
 # The environment variables a libfmha layer reads once, at its making (fmha.h):
 # a kept layer is only reused while they are unchanged.
 _KNOBS = ("FMHA_CPU_ISA", "FMHA_CUDA_KERNEL", "FMHA_CUDA_SCHEDULE", "FMHA_CUDA_CLUSTER",
@@ -264,13 +271,7 @@ def _oneshot_layer(cfg, v):
     if layer is not None:
         cache.move_to_end(key)
         return layer
-    ctx = contextlib.nullcontext()
-    if cfg.device == _lib.DEVICE_CUDA and v.device_index is not None:
-        torch = T._import_torch()
-        if torch is not None:
-            ctx = torch.cuda.device(v.device_index)
-    with ctx:
-        layer = _lib.Layer(cfg)
+    layer = _new_layer(cfg, v.device_index)
     cache[key] = layer
     if len(cache) > _ONESHOT_LAYERS:
         cache.popitem(last=False)
@@ -833,15 +834,7 @@ class Attention:
         with self._lock:
             layer = self._layers.get(key)
             if layer is None:
-                cfg = self._config(dtype, device, head_dim_v)
-                if device == _lib.DEVICE_CUDA:
-                    torch = T._import_torch()
-                    ctx = (torch.cuda.device(index) if torch is not None and index is not None
-                           else contextlib.nullcontext())
-                else:
-                    ctx = contextlib.nullcontext()
-                with ctx:
-                    layer = _lib.Layer(cfg)
+                layer = _new_layer(self._config(dtype, device, head_dim_v), index)
                 self._layers[key] = layer
                 if layer.path == "fp8_fallback":  # once per libfmha layer
                     warnings.warn("fmha: " + layer.path_reason, RuntimeWarning, stacklevel=2)

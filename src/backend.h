@@ -12,11 +12,17 @@
 extern "C" {
 #endif
 
-/* A layer's host scratch, grown on demand and kept between calls. */
+/* A layer's scratch in its backend's memory, grown on demand by the
+ * backend, kept between calls and released with fmha_backend.free. */
 typedef struct fmha_workspace {
     void *buf;
     size_t size;
 } fmha_workspace;
+
+/* Host copies of a decode call's index arrays (fmha_backend.host_kvcache). */
+typedef struct fmha_kvcache_host {
+    int32_t *cache_seqlens, *cache_batch_idx, *block_table;
+} fmha_kvcache_host;
 
 /* A validated FP8 quantization: its scaling groups are n_batch x n_head x
  * n_block, each spanning batch_span batches, head_span heads and `rows`
@@ -122,6 +128,12 @@ typedef struct fmha_backend {
      * together. NULL where no kernel reads its codes. */
     fmha_status (*quantize_rows)(const fmha_rows_job *jobs, int n, void *stream);
 
+    /* Decode: host copies of a call's cache_seqlens, cache_batch_idx and
+     * block_table (device memory) for validation to read, each NULL where the
+     * call has none or validation will not read it (no sequence; a block
+     * table stride below 1), each freed with fmha_free. NULL where
+     * the backend's memory is the host's. */
+    fmha_status (*host_kvcache)(const fmha_kvcache_args *a, fmha_kvcache_host *h);
     /* Decode (a validated fmha_kvcache_args): writes the new keys and values
      * into the caches, the keys rotated where a->rotary_dim > 0, and then q
      * rotated into q_rot (a view of q's shape and dtype in the backend's

@@ -38,6 +38,11 @@ typedef struct fmha_problem {
     const int32_t *page_table;    /* paged caches: [batch][page_stride] */
     int64_t page_stride, page_size;
     int64_t num_splits; /* key splits asked for (0: the backend chooses) */
+    /* The call's own arguments, whose arrays (cache_seqlens, cache_batch_idx,
+     * block_table, rotary tables) live in the backend's memory; the
+     * pointers above are host copies of them where the device is not the
+     * host (fmha_backend.host_kvcache), valid during the call. */
+    const fmha_kvcache_args *kv;
 
     /* Where this call's rows, keys and heads sit in a larger problem that it
      * is a piece of (sequence parallelism, src/sp/): the dropout stream is

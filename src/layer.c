@@ -31,7 +31,7 @@ struct fmha_layer {
     fmha_plan plan;  /* made once, at init */
     fmha_plan last;  /* the plan of the latest call (plan before the first) */
     const fmha_backend *be;
-    fmha_workspace ws;  /* the backend's host scratch */
+    fmha_workspace ws;  /* the backend's scratch, in its memory */
     fmha_workspace fp8; /* FP8 path: q, k, v codes and scales, in the backend's memory */
     atomic_int busy;    /* a call is running: a second thread's call is refused */
 };
@@ -61,7 +61,8 @@ void fmha_layer_free(fmha_layer *layer)
 {
     if (!layer)
         return;
-    fmha_free(layer->ws.buf);
+    if (layer->ws.buf)
+        layer->be->free(layer->ws.buf);
     fmha_fp8_scratch_free(layer->be, &layer->fp8);
     fmha_free(layer);
 }
@@ -196,20 +197,27 @@ static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args,
     return st;
 }
 
-/* A decode call on a layer that no other thread is using: validated, the
- * plan refined (a kernel that reads no cache refuses here, before anything
- * is written), the cache appended to, then attention on the direct path. */
-static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
+/* decode() after the copies: validation reads `copies` in place of the
+ * caller's arrays where it has them; the backend gets both. */
+static fmha_status decode_validated(fmha_layer *layer, const fmha_kvcache_args *args,
+                                    const fmha_kvcache_host *copies)
 {
+    fmha_kvcache_args host = *args;
+    if (copies->cache_seqlens)
+        host.cache_seqlens = copies->cache_seqlens;
+    if (copies->cache_batch_idx)
+        host.cache_batch_idx = copies->cache_batch_idx;
+    if (copies->block_table)
+        host.block_table = copies->block_table;
     fmha_forward_args fwd;
     fmha_problem pb;
-    fmha_plan call;
-    fmha_status st = fmha_plan_decode(&layer->plan);
-    if (st != FMHA_STATUS_OK ||
-        (st = fmha_validate_decode(&layer->cfg, args, &fwd, &pb)) != FMHA_STATUS_OK)
+    fmha_plan dec, call;
+    fmha_status st = fmha_validate_decode(&layer->cfg, &host, &fwd, &pb);
+    if (st != FMHA_STATUS_OK || (st = fmha_plan_decode(&layer->plan, &dec)) != FMHA_STATUS_OK)
         return st;
-    pb.cfg = &layer->plan.cfg;
-    if ((st = fmha_plan_for_call(&layer->plan, &pb, &call)) != FMHA_STATUS_OK)
+    pb.cfg = &dec.cfg;
+    pb.kv = args;
+    if ((st = fmha_plan_for_call(&dec, &pb, &call)) != FMHA_STATUS_OK)
         return st;
     void *q_rot = NULL;
     if (args->rotary_dim > 0 && pb.batch > 0 && pb.max_sq > 0) {
@@ -226,6 +234,24 @@ static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
     }
     if (q_rot)
         layer->be->free(q_rot);
+    return st;
+}
+
+/* A decode call on a layer that no other thread is using: validated (on
+ * host copies of its index arrays where the backend's memory is not the
+ * host's), the decode plan made, the cache appended to, then attention. */
+static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
+{
+    if (!args) /* validation's message */
+        return fmha_validate_decode(&layer->cfg, NULL, NULL, NULL);
+    fmha_kvcache_host copies = {NULL, NULL, NULL};
+    fmha_status st =
+        layer->be->host_kvcache ? layer->be->host_kvcache(args, &copies) : FMHA_STATUS_OK;
+    if (st == FMHA_STATUS_OK)
+        st = decode_validated(layer, args, &copies);
+    fmha_free(copies.cache_seqlens);
+    fmha_free(copies.cache_batch_idx);
+    fmha_free(copies.block_table);
     return st;
 }
 

@@ -17,11 +17,13 @@ enum {
 #define FMHA_CUDA_KERNEL(name, ...)     FMHA_KERNEL_ID_##name,
 #define FMHA_CPU_BWD_KERNEL(name, ...)  FMHA_KERNEL_ID_##name,
 #define FMHA_CUDA_BWD_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
+#define FMHA_CUDA_DEC_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
 #include "kernels.def"
 #undef FMHA_CPU_KERNEL
 #undef FMHA_CUDA_KERNEL
 #undef FMHA_CPU_BWD_KERNEL
 #undef FMHA_CUDA_BWD_KERNEL
+#undef FMHA_CUDA_DEC_KERNEL
     FMHA_KERNEL_COUNT
 };
 
@@ -45,6 +47,11 @@ static inline int fmha_int8_qk_rotates(int64_t head_dim)
     return head_dim >= 32 && head_dim <= 256 && !(head_dim & (head_dim - 1));
 }
 
+/* What a row of kernels.def is chosen for: forward calls, backward calls
+ * (fmha_plan_backward), or decode calls alone (fmha_plan_decode; a forward
+ * kernel that reads caches serves decode calls too). */
+typedef enum { FMHA_ROLE_FORWARD, FMHA_ROLE_BACKWARD, FMHA_ROLE_DECODE } fmha_kernel_role;
+
 /* One row of kernels.def. */
 typedef struct fmha_kernel_desc {
     fmha_kernel_info info; /* id, device, cpu_isa, name: what fmha_layer_kernel reports */
@@ -58,7 +65,7 @@ typedef struct fmha_kernel_desc {
     int tma;      /* reads q, k, v through TMA: rows checked per call */
     int fallback; /* kernel id for views TMA cannot read; -1 = UNSUPPORTED */
     int caches;   /* reads keys and values through KV caches (decode) */
-    int backward; /* 1: a backward kernel (FMHA_*_BWD_KERNEL), never chosen for a forward */
+    fmha_kernel_role role;
     int ops; /* CPU: the kernel id whose micro-kernel table it runs on (itself for a forward) */
 } fmha_kernel_desc;
 

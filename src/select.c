@@ -13,9 +13,9 @@
 #include <strings.h>
 
 const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
-/* One row per device; the forward and backward macros of kernels.def fill
- * their columns and the defaults of the kind. */
-#define FMHA_CPU_ROW(name, isa, compute_, inputs_, descales_, caches_, backward_, ops_)      \
+/* One row per device; the forward, backward and decode macros of kernels.def
+ * fill their columns and the defaults of the kind. */
+#define FMHA_CPU_ROW(name, isa, compute_, inputs_, descales_, caches_, role_, ops_)          \
     [FMHA_KERNEL_ID_##name] = {.info = {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
                                .level = isa,                                                 \
                                .compute = #compute_,                                         \
@@ -24,10 +24,10 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                                .max_head_dim = 65536,                                        \
                                .fallback = -1,                                               \
                                .caches = caches_,                                            \
-                               .backward = backward_,                                        \
+                               .role = role_,                                                \
                                .ops = FMHA_KERNEL_ID_##ops_},
 #define FMHA_CUDA_ROW(name, family_, min_sm, sm90a_, compute_, inputs_, max_d, descales_, tma_, \
-                      fallback_, caches_, backward_)                                            \
+                      fallback_, caches_, role_)                                                \
     [FMHA_KERNEL_ID_##                                                                          \
         name] = {.info = {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},   \
                  .level = min_sm,                                                               \
@@ -40,18 +40,20 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                  .tma = tma_,                                                                   \
                  .fallback = fallback_,                                                         \
                  .caches = caches_,                                                             \
-                 .backward = backward_,                                                         \
+                 .role = role_,                                                                 \
                  .ops = FMHA_KERNEL_ID_##name},
 #define FMHA_CPU_KERNEL(name, isa, compute, inputs) \
-    FMHA_CPU_ROW(name, isa, compute, inputs, FMHA_DL_ALL, 1, 0, name)
+    FMHA_CPU_ROW(name, isa, compute, inputs, FMHA_DL_ALL, 1, FMHA_ROLE_FORWARD, name)
 #define FMHA_CPU_BWD_KERNEL(name, isa, compute, inputs, ops) \
-    FMHA_CPU_ROW(name, isa, compute, inputs, 0, 0, 1, ops)
+    FMHA_CPU_ROW(name, isa, compute, inputs, 0, 0, FMHA_ROLE_BACKWARD, ops)
 #define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback, \
                          caches)                                                                  \
     FMHA_CUDA_ROW(name, family, min_sm, sm90a, compute, inputs, max_d, descales,                  \
-                  FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback, caches, 0)
+                  FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback, caches, FMHA_ROLE_FORWARD)
 #define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d) \
-    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0, 1)
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0, FMHA_ROLE_BACKWARD)
+#define FMHA_CUDA_DEC_KERNEL(name, family, min_sm, compute, inputs, max_d) \
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 1, FMHA_ROLE_DECODE)
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1
@@ -63,6 +65,7 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #undef FMHA_CUDA_KERNEL
 #undef FMHA_CPU_BWD_KERNEL
 #undef FMHA_CUDA_BWD_KERNEL
+#undef FMHA_CUDA_DEC_KERNEL
 #undef FMHA_CPU_ROW
 #undef FMHA_CUDA_ROW
 };
@@ -148,19 +151,19 @@ fmha_status fmha_knobs_read(const fmha_config *cfg, fmha_knobs *k)
 
 /* --------------------------------------------------------------- chooser */
 
-/* Whether kernel k runs cfg's forward (backward 0) or backward (1). */
-static int accepts(const fmha_kernel_desc *k, const fmha_config *cfg, int backward)
+static const char *const role_names[3] = {"forward", "backward", "decode"};
+
+/* Whether kernel k runs cfg's calls of `role`. */
+static int accepts(const fmha_kernel_desc *k, const fmha_config *cfg, fmha_kernel_role role)
 {
-    return k->backward == backward && k->info.device == cfg->device &&
-           (k->inputs >> cfg->dtype & 1u) && cfg->head_dim <= k->max_head_dim &&
-           cfg->head_dim_v <= k->max_head_dim;
+    return k->role == role && k->info.device == cfg->device && (k->inputs >> cfg->dtype & 1u) &&
+           cfg->head_dim <= k->max_head_dim && cfg->head_dim_v <= k->max_head_dim;
 }
 
-/* The CPU kernel: of those that take cfg's inputs (forward or backward
- * rows), the one of the highest ISA up to the one asked for (cfg.cpu_isa,
+/* The CPU kernel: of those that take cfg's inputs (rows of `role`), the one of the highest ISA up to the one asked for (cfg.cpu_isa,
  * else FMHA_CPU_ISA, else the backend's preference). */
 static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, const fmha_backend *be,
-                              int backward, const fmha_kernel_desc **out)
+                              fmha_kernel_role role, const fmha_kernel_desc **out)
 {
     fmha_cpu_isa want = cfg->cpu_isa != FMHA_CPU_ISA_AUTO ? cfg->cpu_isa : kn->cpu_isa;
     if (want == FMHA_CPU_ISA_AUTO)
@@ -173,14 +176,14 @@ static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, cons
     *out = NULL;
     for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
         const fmha_kernel_desc *k = &fmha_kernels[i];
-        if (accepts(k, cfg, backward) && k->level <= (int)want &&
-            (!*out || k->level > (*out)->level))
+        if (accepts(k, cfg, role) && k->level <= (int)want && (!*out || k->level > (*out)->level))
             *out = k;
     }
     if (!*out) /* the scalar kernels take every input they can */
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no CPU %s kernel takes %s inputs%s",
-                              backward ? "backward" : "forward", fmha_dtype_name(cfg->dtype),
-                              backward ? ": the backward takes f32, f16 or bf16 q, k, v" : "");
+        return fmha_set_error(
+            FMHA_STATUS_UNSUPPORTED, "no CPU %s kernel takes %s inputs%s", role_names[role],
+            fmha_dtype_name(cfg->dtype),
+            role == FMHA_ROLE_BACKWARD ? ": the backward takes f32, f16 or bf16 q, k, v" : "");
     return FMHA_STATUS_OK;
 }
 
@@ -188,24 +191,23 @@ static fmha_status choose_cpu(const fmha_config *cfg, const fmha_knobs *kn, cons
  * are of FMHA_CUDA_KERNEL's family, where it names one), the one of the
  * highest compute capability. */
 static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, const fmha_backend *be,
-                               int backward, const fmha_kernel_desc **out)
+                               fmha_kernel_role role, const fmha_kernel_desc **out)
 {
     int takes_dtype = 0, takes_dims = 0, family_here = 0;
     int64_t max_d = 0;
     for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
         const fmha_kernel_desc *k = &fmha_kernels[i];
-        if (k->info.device != FMHA_DEVICE_CUDA || k->backward != backward ||
+        if (k->info.device != FMHA_DEVICE_CUDA || k->role != role ||
             !(k->inputs >> cfg->dtype & 1u))
             continue;
         takes_dtype = 1;
         max_d = k->max_head_dim > max_d ? k->max_head_dim : max_d;
-        takes_dims |= accepts(k, cfg, backward);
+        takes_dims |= accepts(k, cfg, role);
     }
-    if (!takes_dtype && backward)
+    if (!takes_dtype && role != FMHA_ROLE_FORWARD)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "no CUDA backward kernel takes %s inputs: run the backward on "
-                              "device cpu",
-                              fmha_dtype_name(cfg->dtype));
+                              "no CUDA %s kernel takes %s inputs: run the %s on device cpu",
+                              role_names[role], fmha_dtype_name(cfg->dtype), role_names[role]);
     if (!takes_dtype)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "CUDA kernels take f16 or bf16 q, k, v, or f8_e4m3 on Hopper (got "
@@ -227,13 +229,13 @@ static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, con
     const char *family = kn->cuda_family;
     for (int i = 0; family && i < FMHA_KERNEL_COUNT; i++)
         family_here |=
-            accepts(&fmha_kernels[i], cfg, backward) && !strcmp(fmha_kernels[i].family, family);
+            accepts(&fmha_kernels[i], cfg, role) && !strcmp(fmha_kernels[i].family, family);
     if (!family_here)
         family = NULL;
     *out = NULL;
     for (int i = 0; i < FMHA_KERNEL_COUNT; i++) {
         const fmha_kernel_desc *k = &fmha_kernels[i];
-        if (accepts(k, cfg, backward) && k->level <= level && (!k->sm90a || sm90a) &&
+        if (accepts(k, cfg, role) && k->level <= level && (!k->sm90a || sm90a) &&
             (!family || !strcmp(k->family, family)) && (!*out || k->level > (*out)->level))
             *out = k;
     }
@@ -250,24 +252,24 @@ static fmha_status choose_cuda(const fmha_config *cfg, const fmha_knobs *kn, con
                           fmha_dtype_name(cfg->dtype));
 }
 
-/* The forward (backward 0) or backward (1) kernel for plan->cfg, and its
- * variant. A backend without a backward operation has no backward at all. */
-static fmha_status choose(fmha_plan *plan, int backward)
+/* The kernel of `role` for plan->cfg, and its variant. A backend without a
+ * backward operation has no backward at all. */
+static fmha_status choose(fmha_plan *plan, fmha_kernel_role role)
 {
     const fmha_backend *be = fmha_backend_of(plan->cfg.device);
     if (!be)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "this fmha was built without a CUDA backend (no nvcc at build "
                               "time): use device cpu");
-    if (backward && !be->backward)
+    if (role == FMHA_ROLE_BACKWARD && !be->backward)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "the %s backward is not built yet: run fmha_backward on a layer "
                               "of device cpu (host copies of the tensors); the %s forward is "
                               "unaffected",
                               be->name, be->name);
     fmha_status st = plan->cfg.device == FMHA_DEVICE_CPU
-                         ? choose_cpu(&plan->cfg, &plan->knobs, be, backward, &plan->kernel)
-                         : choose_cuda(&plan->cfg, &plan->knobs, be, backward, &plan->kernel);
+                         ? choose_cpu(&plan->cfg, &plan->knobs, be, role, &plan->kernel)
+                         : choose_cuda(&plan->cfg, &plan->knobs, be, role, &plan->kernel);
     if (st != FMHA_STATUS_OK)
         return st;
     plan->cluster = 1;
@@ -289,7 +291,7 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
     fmha_status st = FMHA_STATUS_UNSUPPORTED;
     if (plan->knobs.fp8_attn_off) {
         snprintf(why, sizeof why, "FMHA_FP8_ATTN=0 in the environment turns it off");
-    } else if ((st = choose(plan, 0)) == FMHA_STATUS_OK && per_block &&
+    } else if ((st = choose(plan, FMHA_ROLE_FORWARD)) == FMHA_STATUS_OK && per_block &&
                !(plan->kernel->descales & FMHA_DL_PER_BLOCK)) {
         st = FMHA_STATUS_UNSUPPORTED;
         snprintf(why, sizeof why, "%s takes per-tensor or per-KV-head descales, not per-block ones",
@@ -329,7 +331,7 @@ static fmha_status choose_fp8(const fmha_config *cfg, fmha_plan *plan)
         return st;
     }
     plan->cfg.dtype = cfg->dtype;
-    if ((st = choose(plan, 0)) != FMHA_STATUS_OK)
+    if ((st = choose(plan, FMHA_ROLE_FORWARD)) != FMHA_STATUS_OK)
         return st;
     plan->path = FMHA_LAYER_PATH_FP8_FALLBACK;
     snprintf(plan->reason, sizeof plan->reason,
@@ -350,7 +352,7 @@ fmha_status fmha_plan_make(const fmha_config *cfg, fmha_plan *plan)
         return st;
     if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
         return choose_fp8(cfg, plan);
-    if ((st = choose(plan, 0)) != FMHA_STATUS_OK)
+    if ((st = choose(plan, FMHA_ROLE_FORWARD)) != FMHA_STATUS_OK)
         return st;
     plan->path = FMHA_LAYER_PATH_DIRECT;
     snprintf(plan->reason, sizeof plan->reason, "fp8_compute is off: q, k, v run as %s on %s",
@@ -381,7 +383,7 @@ fmha_status fmha_plan_backward(const fmha_plan *fwd, fmha_plan *bwd)
     if (fwd->cfg.dtype == FMHA_DTYPE_F8_E4M3)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "f8_e4m3 inputs have no backward: train on f32, f16 or bf16 q, k, v");
-    fmha_status st = choose(bwd, 1);
+    fmha_status st = choose(bwd, FMHA_ROLE_BACKWARD);
     if (st != FMHA_STATUS_OK)
         return st;
     snprintf(bwd->reason, sizeof bwd->reason, "backward of %s q, k, v on %s",
@@ -446,13 +448,16 @@ static int cluster_fits(const fmha_plan *plan, const fmha_problem *pb)
            tiles_x % 2 == 0;
 }
 
-fmha_status fmha_plan_decode(const fmha_plan *plan)
+fmha_status fmha_plan_decode(const fmha_plan *fwd, fmha_plan *dec)
 {
-    if (!plan->kernel->caches)
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "%s does not read KV caches: decode calls (fmha_layer_decode) run on "
-                              "CPU layers for now",
-                              plan->kernel->info.name);
+    *dec = *fwd;
+    if (fwd->kernel->caches)
+        return FMHA_STATUS_OK;
+    fmha_status st = choose(dec, FMHA_ROLE_DECODE);
+    if (st != FMHA_STATUS_OK)
+        return st;
+    snprintf(dec->reason, sizeof dec->reason, "decode of %s caches on %s",
+             fmha_dtype_name(dec->cfg.dtype), dec->kernel->info.name);
     return FMHA_STATUS_OK;
 }
 
@@ -461,7 +466,7 @@ fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fm
     const fmha_forward_args *a = pb->args;
     *call = *plan;
     const fmha_kernel_desc *k = plan->kernel;
-    if (!pb->varlen && pb->max_sk == 0 && k->info.device != FMHA_DEVICE_CPU)
+    if (!pb->varlen && !pb->kv_cache && pb->max_sk == 0 && k->info.device != FMHA_DEVICE_CPU)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "seqlen_k 0 (no key for any query) is answered on the CPU only "
                               "(out 0, lse -inf): on %s, skip the call and fill out with 0 "

@@ -28,10 +28,11 @@ fmha_status fmha_plan_backward(const fmha_plan *fwd, fmha_plan *bwd);
  * not take, clusters and two-level accumulation from the lengths. */
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call);
 
-/* Whether the plan's kernel reads KV caches (decode calls): OK, or
- * UNSUPPORTED with the reason. Asked before a decode call is validated, which
- * reads its lengths and page tables on the host. */
-fmha_status fmha_plan_decode(const fmha_plan *plan);
+/* The plan of a layer's decode calls (fmha_layer_decode): the layer's own
+ * where its kernel reads KV caches, else the device's decode kernel of
+ * kernels.def (FMHA_CUDA_DEC_KERNEL) chosen by the same rules, or
+ * UNSUPPORTED with the reason. */
+fmha_status fmha_plan_decode(const fmha_plan *fwd, fmha_plan *dec);
 
 /* One line describing a plan, e.g. "cuda_hopper_sm90 (wgmma): bf16, head dim
  * 128 variant, tile 128x176, schedule split, clusters auto". */

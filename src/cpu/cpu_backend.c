@@ -158,6 +158,7 @@ const fmha_backend fmha_cpu_backend = {
     .smooth_k_scratch = cpu_smooth_k_scratch,
     .smooth_k = cpu_smooth_k,
     .unsmooth_lse = cpu_unsmooth_lse,
+    .host_kvcache = NULL,
     .kv_append = fmha_cpu_kv_append,
     .merge = fmha_cpu_merge,
     .copy = fmha_cpu_copy,

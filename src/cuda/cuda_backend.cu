@@ -234,6 +234,7 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_smooth_k,
     cuda_unsmooth,
     fmha_cuda_quantize_rows,
+    NULL, /* host_kvcache: no decode kernel yet */
     NULL, /* kv_append: the CUDA kernels read no KV cache yet */
     fmha_cuda_merge,
     fmha_cuda_copy,

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [lowp] [cli] [variants] [debug] [quant] [quant-ncu]
+# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [lowp] [decode] [cli] [variants] [debug] [quant] [quant-ncu]
 # ab: AB_BASE=DIR, a source tree of another commit (git archive COMMIT CMakeLists.txt src include
 # tools tests | tar -x -C DIR), is built into build-base and timed beside this tree's library in one
 # process (bench_cuda.py --ab-lib); AB_BASE is built in the background while the other steps run.
@@ -81,6 +81,18 @@ for step in "$@"; do
             FMHA_TEST_CASES=3 FMHA_TEST_LONG=0 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/test_cuda > "$OUT/$tool.log" 2>&1
             summary+=("$tool rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$tool.log" | tail -1)")
         done ;;
+    decode) # CUDA decode: its test suite (test_decode on the GPU), memcheck and racecheck on a few cases, the bench
+        FMHA_TEST_CASES=${CASES:-60} timeout 300 build-gpu/test_cuda_decode > "$OUT/test_cuda_decode.log" 2>&1
+        summary+=("test_cuda_decode rc=$? $(tail -1 "$OUT/test_cuda_decode.log")")
+        grep -B2 FAIL "$OUT/test_cuda_decode.log" | head -30
+        for tool in memcheck racecheck; do
+            FMHA_TEST_CASES=4 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+                build-gpu/test_cuda_decode > "$OUT/${tool}_decode.log" 2>&1
+            summary+=("$tool decode rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_decode.log" | tail -1)")
+        done
+        timeout 400 python3 bench/bench_decode_cuda.py --lib build-gpu/libfmha.so ${DECODE_BENCH:---quick} \
+            > "$OUT/bench_decode_cuda.log" 2>&1
+        summary+=("bench_decode_cuda rc=$?"); grep -v "^|" "$OUT/bench_decode_cuda.log" | tail -40 ;;
     cli)
         { build-gpu/fmha info && build-gpu/fmha run --model flux-1024 --device cuda \
           && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \

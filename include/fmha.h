@@ -670,8 +670,12 @@ FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_f
  * block table too short for a sequence's tokens, a position past the rotary
  * table — each INVALID_ARGUMENT naming the sequence and the value, the cache
  * and out untouched. Dropout is not part of decoding: the layer's dropout_p
- * must be 0. f32, f16 and bf16 caches; CPU memory (the CUDA kernels do not
- * read caches yet: UNSUPPORTED there). */
+ * must be 0. CPU layers: f32, f16 and bf16 caches in host memory. CUDA
+ * layers: f16 and bf16, every tensor and array in device memory, head dims
+ * up to 256; validation reads cache_seqlens, cache_batch_idx and the block
+ * table on the host, through one synchronous copy on `stream` per call (so
+ * a decode call waits for the stream's earlier work before it queues its
+ * own). */
 typedef struct fmha_kvcache_args {
     fmha_tensor q;
     fmha_tensor k_cache, v_cache;
@@ -687,7 +691,8 @@ typedef struct fmha_kvcache_args {
     int rotary_interleaved;
     int64_t num_splits; /* keys of a sequence split over up to this many parallel
                            tasks whose results merge by their LSEs; 0 = chosen by
-                           fmha from the shape and the threads, 1 = no split */
+                           fmha from the shape and the threads (CPU) or the
+                           multiprocessors (CUDA), 1 = no split */
     void *stream;
 } fmha_kvcache_args;
 

@@ -138,20 +138,12 @@ static inline char *fmha_kv_row(const fmha_problem *pb, const fmha_tensor *t, in
     return fmha_row(t, pb->kv_batch ? pb->kv_batch[b] : b, j, h);
 }
 
-/* Rotary embedding (fmha_kvcache_args): the channels (c1, c2) rotated as
- * pair c < rotary_dim / 2, and the position of new query i of a sequence
- * whose cache held `cached` keys. */
-static inline void fmha_rotary_pair(int64_t rotary_dim, int interleaved, int64_t c, int64_t *c1,
-                                    int64_t *c2)
-{
-    *c1 = interleaved ? 2 * c : c;
-    *c2 = interleaved ? 2 * c + 1 : c + rotary_dim / 2;
-}
-
+/* The position of new query i of a decode call whose sequence's cache held
+ * `cached` keys (semantics.h's fmha_rotary_position for the layer's masks). */
 static inline int64_t fmha_rotary_q_pos(const fmha_config *cfg, int64_t cached, int64_t i)
 {
     const int local = cfg->window_left >= 0 || cfg->window_right >= 0;
-    return cfg->causal || local ? cached + i : cached;
+    return fmha_rotary_position(cfg->causal || local, cached, i);
 }
 
 /* ---------------------------------------------------------- conversions */

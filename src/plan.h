@@ -19,11 +19,6 @@ enum {
 #define FMHA_CUDA_BWD_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
 #define FMHA_CUDA_DEC_KERNEL(name, ...) FMHA_KERNEL_ID_##name,
 #include "kernels.def"
-#undef FMHA_CPU_KERNEL
-#undef FMHA_CUDA_KERNEL
-#undef FMHA_CPU_BWD_KERNEL
-#undef FMHA_CUDA_BWD_KERNEL
-#undef FMHA_CUDA_DEC_KERNEL
     FMHA_KERNEL_COUNT
 };
 

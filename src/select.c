@@ -61,11 +61,6 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #undef FMHA_TMA_MMA
 #undef FMHA_TMA_WGMMA
 #undef FMHA_KERNEL_ID_NONE
-#undef FMHA_CPU_KERNEL
-#undef FMHA_CUDA_KERNEL
-#undef FMHA_CPU_BWD_KERNEL
-#undef FMHA_CUDA_BWD_KERNEL
-#undef FMHA_CUDA_DEC_KERNEL
 #undef FMHA_CPU_ROW
 #undef FMHA_CUDA_ROW
 };

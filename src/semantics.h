@@ -75,4 +75,21 @@ FMHA_HD uint32_t fmha_dropout_threshold(double p)
     return t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
 }
 
+/* Rotary embedding (fmha_kvcache_args): the channels (c1, c2) rotated as
+ * pair c < rotary_dim / 2 (interleaved: GPT-J's pairs, else GPT-NeoX's). */
+FMHA_HD void fmha_rotary_pair(int64_t rotary_dim, int interleaved, int64_t c, int64_t *c1,
+                              int64_t *c2)
+{
+    *c1 = interleaved ? 2 * c : c;
+    *c2 = interleaved ? 2 * c + 1 : c + rotary_dim / 2;
+}
+
+/* The rotary position of new query i of a sequence whose cache held
+ * `cached` keys: each query its own where the layer is causal or windowed
+ * (`per_query`), else all at `cached`, as FlashAttention places them. */
+FMHA_HD int64_t fmha_rotary_position(int per_query, int64_t cached, int64_t i)
+{
+    return per_query ? cached + i : cached;
+}
+
 #endif /* FMHA_SEMANTICS_H */

@@ -9,13 +9,102 @@
  * gathered into a packed batch. Then: decode equals fmha_forward bit for bit
  * where the problems are the same, paged equals contiguous, num_splits does
  * not change the answer beyond rounding, and every bad argument is refused
- * with the cache and out untouched. */
+ * with the cache and out untouched.
+ *
+ * Built with FMHA_TEST_CUDA (test_cuda_decode), the same cases run on a
+ * CUDA layer (f16 and bf16; head dims to 256, longer caches), every array
+ * copied to the GPU and the caches, out and lse copied back; exits 77
+ * (skipped) where there is no CUDA device. */
 #include "alloc.h"
 #include "testutil.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef FMHA_TEST_CUDA
+#include <cuda_runtime_api.h>
+
+static cudaStream_t stream;
+
+/* Bytes from t.data to the end of its last element (0 when empty). */
+static size_t span(const fmha_tensor *t)
+{
+    if (!t->data || t->batch <= 0 || t->seqlen <= 0 || t->heads <= 0 || t->head_dim <= 0)
+        return 0;
+    const int64_t last = (t->batch - 1) * t->stride_batch + (t->seqlen - 1) * t->stride_seq +
+                         (t->heads - 1) * t->stride_head + t->head_dim;
+    return (size_t)last * fmha_dtype_size(t->dtype);
+}
+
+/* A device copy of n bytes at h (NULL where h is NULL or n is 0). */
+static void *upload(const void *h, size_t n)
+{
+    void *d = NULL;
+    if (!h || n == 0)
+        return NULL;
+    if (cudaMalloc(&d, n) != cudaSuccess || cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)) {
+        fprintf(stderr, "upload of %zu bytes failed\n", n);
+        exit(1);
+    }
+    return d;
+}
+
+static void download(void *h, const void *d, size_t n)
+{
+    if (d && n && cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        fprintf(stderr, "download of %zu bytes failed\n", n);
+        exit(1);
+    }
+}
+
+/* fmha_decode on a CUDA layer: every tensor and array of the call copied to
+ * the GPU (out poisoned as it is), the call run there on a stream of its
+ * own, then the caches, out and lse copied back whatever it returned. The
+ * sizes copied are the ones the arguments imply. */
+static fmha_status run_decode(const fmha_config *cfg, const fmha_kvcache_args *h)
+{
+    fmha_config c = *cfg;
+    c.device = FMHA_DEVICE_CUDA;
+    c.cpu_isa = FMHA_CPU_ISA_AUTO;
+    fmha_kvcache_args d = *h;
+    d.stream = stream;
+    fmha_tensor *ts[6] = {&d.q, &d.k_cache, &d.v_cache, &d.k_new, &d.v_new, &d.out};
+    for (int i = 0; i < 6; i++)
+        ts[i]->data = upload(ts[i]->data, span(ts[i]));
+    const int64_t B = h->q.batch > 0 ? h->q.batch : 0;
+    const int64_t nl =
+        B * (h->q.seqlen > 0 ? h->q.seqlen : 0) * (h->out.heads > 0 ? h->out.heads : 0);
+    const int64_t half = h->rotary_dim > 0 ? h->rotary_dim / 2 : 0;
+    const int64_t rl = h->rotary_len > 0 ? h->rotary_len : 0;
+    d.lse = upload(h->lse, sizeof(float) * (size_t)nl);
+    d.cache_seqlens = upload(h->cache_seqlens, sizeof(int32_t) * (size_t)B);
+    d.cache_batch_idx = upload(h->cache_batch_idx, sizeof(int32_t) * (size_t)B);
+    d.block_table =
+        upload(h->block_table, sizeof(int32_t) * (size_t)B *
+                                   (size_t)(h->block_table_stride > 0 ? h->block_table_stride : 0));
+    d.rotary_cos = upload(h->rotary_cos, sizeof(float) * (size_t)(rl * half));
+    d.rotary_sin = upload(h->rotary_sin, sizeof(float) * (size_t)(rl * half));
+    fmha_status st = fmha_decode(&c, &d);
+    cudaError_t e = cudaStreamSynchronize(stream);
+    TU_CHECK(e == cudaSuccess, "decode kernels failed: %s", cudaGetErrorString(e));
+    download(h->k_cache.data, d.k_cache.data, span(&h->k_cache));
+    download(h->v_cache.data, d.v_cache.data, span(&h->v_cache));
+    download(h->out.data, d.out.data, span(&h->out));
+    download(h->lse, d.lse, sizeof(float) * (size_t)nl);
+    for (int i = 0; i < 6; i++)
+        cudaFree(ts[i]->data);
+    const void *arrays[6] = {d.lse,         d.cache_seqlens, d.cache_batch_idx,
+                             d.block_table, d.rotary_cos,    d.rotary_sin};
+    for (int i = 0; i < 6; i++)
+        cudaFree((void *)arrays[i]);
+    return st;
+}
+#define DECODE_DTYPE FMHA_DTYPE_BF16 /* the fixed tests' dtype: CUDA reads 16-bit caches */
+#else
+#define run_decode   fmha_decode
+#define DECODE_DTYPE FMHA_DTYPE_F32
+#endif
 
 typedef struct dcase {
     fmha_config cfg;
@@ -44,9 +133,17 @@ static int64_t pick(tu_rng *r, const int64_t *v, int n)
 
 static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
 {
+#ifdef FMHA_TEST_CUDA
+    static const fmha_dtype dts[3] = {FMHA_DTYPE_BF16, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
+    /* every compiled head dim, and dims the chunked loads cannot take (36, 50) */
+    static const int64_t dims[10] = {40, 64, 72, 128, 96, 36, 50, 256, 192, 80};
+    const int ndims = 10;
+#else
     static const fmha_dtype dts[3] = {FMHA_DTYPE_F32, FMHA_DTYPE_F16, FMHA_DTYPE_BF16};
     /* 36 and 50: a last part of a vector for the row products */
     static const int64_t dims[7] = {40, 64, 72, 128, 96, 36, 50};
+    const int ndims = 7;
+#endif
     static const int64_t groups[4] = {1, 3, 4, 8};
     static const int64_t sqs[5] = {1, 1, 1, 2, 5};
     static const int64_t pages[6] = {1, 3, 16, 64, 7, 32};
@@ -54,7 +151,7 @@ static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
     memset(&c, 0, sizeof c);
     c.kvh = 1 + tu_range(r, 3);
     c.heads = c.kvh * pick(r, groups, 4);
-    c.d = pick(r, dims, 7);
+    c.d = pick(r, dims, ndims);
     c.dv = tu_range(r, 4) == 0 ? 48 : tu_range(r, 4) == 0 ? 33 : c.d;
     fmha_config_init(&c.cfg, c.heads, c.kvh, c.d);
     c.cfg.head_dim_v = c.dv;
@@ -89,6 +186,10 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
     int64_t longest = 0;
     for (int64_t b = 0; b < c->batch; b++) {
         in->cache_seqlens[b] = (int32_t)(tu_range(r, 5) == 0 ? 0 : tu_range(r, 400));
+#ifdef FMHA_TEST_CUDA
+        if (tu_range(r, 5) == 0) /* many tiles, and splits */
+            in->cache_seqlens[b] = (int32_t)(1000 + tu_range(r, 3000));
+#endif
         if (in->cache_seqlens[b] + c->snew > longest)
             longest = in->cache_seqlens[b] + c->snew;
     }
@@ -148,8 +249,10 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
     if (c->rotary_dim > 0) {
         c->rotary_len = longest + c->sq + tu_range(r, 5);
         const int64_t half = c->rotary_dim / 2;
-        in->cos = malloc(sizeof(float) * (size_t)(c->rotary_len * half));
-        in->sin = malloc(sizeof(float) * (size_t)(c->rotary_len * half));
+        /* room for head_dim + 2 channels: the refused rotary_dim's extent */
+        const size_t room = sizeof(float) * (size_t)(c->rotary_len * (c->d / 2 + 1));
+        in->cos = malloc(room);
+        in->sin = malloc(room);
         for (int64_t p = 0; p < c->rotary_len; p++)
             for (int64_t i = 0; i < half; i++) {
                 const double theta = (double)p * pow(10000.0, -2.0 * (double)i / c->rotary_dim);
@@ -368,7 +471,7 @@ static void run_case(tu_rng *r, fmha_cpu_isa isa)
     fmha_kvcache_args ar = args_of(&c, &in, 0), af = args_of(&c, &in, 1);
     fmha_status st = fmha_reference_decode(&c.cfg, &ar);
     TU_CHECK(st == FMHA_STATUS_OK, "%s: reference: %s", desc, fmha_last_error());
-    st = fmha_decode(&c.cfg, &af);
+    st = run_decode(&c.cfg, &af);
     TU_CHECK(st == FMHA_STATUS_OK, "%s: decode: %s", desc, fmha_last_error());
     if (st != FMHA_STATUS_OK) {
         free_inputs(&in);
@@ -409,6 +512,7 @@ static void test_same_as_forward(tu_rng *r, fmha_cpu_isa isa, int64_t S)
     fmha_config_init(&cfg, 8, 2, 64);
     cfg.cpu_isa = isa;
     cfg.causal = 1;
+    cfg.dtype = DECODE_DTYPE;
     const int64_t B = 3, K = 200, P = 16, np = (K + P - 1) / P;
     tu_tensor q, k, v, o1, o2, o3, kp, vp;
     tu_tensor_init(&q, cfg.dtype, B, S, 8, 64, 0, 0);
@@ -437,9 +541,11 @@ static void test_same_as_forward(tu_rng *r, fmha_cpu_isa isa, int64_t S)
     fmha_forward_args f = {.q = q.t, .k = k.t, .v = v.t, .out = o1.t};
     TU_CHECK(fmha_forward(&cfg, &f) == FMHA_STATUS_OK, "forward: %s", fmha_last_error());
     fmha_kvcache_args a = {.q = q.t, .k_cache = k.t, .v_cache = v.t, .out = o2.t, .num_splits = 1};
-    TU_CHECK(fmha_decode(&cfg, &a) == FMHA_STATUS_OK, "decode: %s", fmha_last_error());
+    TU_CHECK(run_decode(&cfg, &a) == FMHA_STATUS_OK, "decode: %s", fmha_last_error());
+#ifndef FMHA_TEST_CUDA /* the CUDA decode kernel is not the CPU forward */
     TU_CHECK(S * 4 < 16 || memcmp(o1.alloc, o2.alloc, o1.alloc_bytes) == 0,
              "%s: decode over a full cache differs from fmha_forward", fmha_cpu_isa_name(isa));
+#endif
     fmha_kvcache_args pa = {.q = q.t,
                             .k_cache = kp.t,
                             .v_cache = vp.t,
@@ -448,7 +554,7 @@ static void test_same_as_forward(tu_rng *r, fmha_cpu_isa isa, int64_t S)
                             .block_table = table,
                             .block_table_stride = np,
                             .num_splits = 1};
-    TU_CHECK(fmha_decode(&cfg, &pa) == FMHA_STATUS_OK, "paged decode: %s", fmha_last_error());
+    TU_CHECK(run_decode(&cfg, &pa) == FMHA_STATUS_OK, "paged decode: %s", fmha_last_error());
     TU_CHECK(memcmp(o2.alloc, o3.alloc, o2.alloc_bytes) == 0,
              "%s: the paged cache's answer differs from the contiguous one's",
              fmha_cpu_isa_name(isa));
@@ -465,6 +571,7 @@ static void test_splits(tu_rng *r, fmha_cpu_isa isa)
     fmha_config cfg;
     fmha_config_init(&cfg, 8, 2, 128);
     cfg.cpu_isa = isa;
+    cfg.dtype = DECODE_DTYPE;
     const int64_t K = 3001;
     tu_tensor q, k, v, ref, o[4];
     tu_tensor_init(&q, cfg.dtype, 1, 1, 8, 128, 0, 0);
@@ -490,7 +597,7 @@ static void test_splits(tu_rng *r, fmha_cpu_isa isa)
         a.lse = lse[i];
         a.num_splits = splits[i];
         cfg.num_threads = i == 3 ? 1 : 2;
-        TU_CHECK(fmha_decode(&cfg, &a) == FMHA_STATUS_OK, "splits %lld: %s", (long long)splits[i],
+        TU_CHECK(run_decode(&cfg, &a) == FMHA_STATUS_OK, "splits %lld: %s", (long long)splits[i],
                  fmha_last_error());
         int bad = 0;
         const double e = tu_max_err(&o[i], &ref, &bad), le = tu_lse_err(lse[i], lse_ref, 8, &bad);
@@ -518,7 +625,7 @@ static void expect_refused(const fmha_config *cfg, const fmha_kvcache_args *a, d
     void *k0 = malloc(in->kc[1].alloc_bytes), *o0 = malloc(in->out[1].alloc_bytes);
     memcpy(k0, in->kc[1].alloc, in->kc[1].alloc_bytes);
     memcpy(o0, in->out[1].alloc, in->out[1].alloc_bytes);
-    fmha_status st = fmha_decode(cfg, a);
+    fmha_status st = run_decode(cfg, a);
     TU_CHECK(st == want && strstr(fmha_last_error(), words), "%s: got %s \"%s\"", what,
              fmha_status_string(st), fmha_last_error());
     TU_CHECK(!memcmp(k0, in->kc[1].alloc, in->kc[1].alloc_bytes) &&
@@ -649,7 +756,7 @@ static void test_allocation_failures(tu_rng *r)
     for (; st == FMHA_STATUS_OUT_OF_MEMORY && n < 20; n++) {
         const long live = fmha_alloc_live();
         fmha_alloc_fail_after(n);
-        st = fmha_decode(&c.cfg, &a);
+        st = run_decode(&c.cfg, &a);
         fmha_alloc_fail_after(-1);
         TU_CHECK(fmha_alloc_live() == live, "allocation %ld failed: %ld leaked", n + 1,
                  fmha_alloc_live() - live);
@@ -669,7 +776,14 @@ int main(int argc, char **argv)
     tu_rng r = {argc > 1 ? strtoull(argv[1], NULL, 0) : 0xdec0de};
     const char *env = getenv("FMHA_TEST_CASES");
     const int n = env ? atoi(env) / 4 + 1 : 60;
-    for (int isa = FMHA_CPU_ISA_SCALAR; isa <= FMHA_CPU_ISA_LAST; isa++) {
+    int first = FMHA_CPU_ISA_SCALAR, last = FMHA_CPU_ISA_LAST;
+#ifdef FMHA_TEST_CUDA
+    if (!tu_cuda_begin())
+        return 77;
+    cudaStreamCreate(&stream);
+    first = last = FMHA_CPU_ISA_AUTO; /* one pass: the CUDA layer */
+#endif
+    for (int isa = first; isa <= last; isa++) {
         if (isa > (int)fmha_cpu_isa_detect())
             break;
         for (int i = 0; i < n; i++)

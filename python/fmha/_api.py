@@ -657,11 +657,14 @@ def _int32_array(x, name, ref, ndim):
 
 def _rotary_table(x, name, ref):
     """A rotary table [rotary_len, rotary_dim / 2] as contiguous float32 in
-    q's memory."""
+    q's memory (moved there where it is elsewhere: tables are small)."""
+    if ref.device == "cuda":
+        torch = T._torch()
+        t = x if T.is_torch(x) else torch.from_numpy(np.asarray(x, dtype=np.float32))
+        t = t.detach().to(device=ref.obj.device, dtype=torch.float32).contiguous()
+        return t, T.data_ptr(t), tuple(t.shape)
     if T.is_torch(x):
-        t = x.detach().float().contiguous()
-        if ref.device == "cpu":
-            t = t.cpu().numpy()
+        t = x.detach().float().contiguous().cpu().numpy()
         return t, T.data_ptr(t), tuple(t.shape)
     a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     return a, a.ctypes.data, a.shape
@@ -748,7 +751,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
     q (at cache_seqlens + i when causal or windowed, else at cache_seqlens);
     rotary_interleaved pairs channels (2i, 2i + 1) instead of (i, i + D/2).
     Masks are aligned bottom-right as in attention(). num_splits: key splits
-    per sequence (0: chosen by fmha). CPU arrays and tensors.
+    per sequence (0: chosen by fmha). CPU arrays and tensors, or CUDA tensors
+    (f16/bf16; index arrays and rotary tables are moved to q's device).
 
     Returns out [B, Sq, H, Dv], or (out, lse [B, H, Sq] float32)."""
     opts = _Options(causal, softmax_scale, window, softcap, 0.0)

@@ -156,13 +156,6 @@ typedef struct fmha_cpu_ops {
 } fmha_cpu_ops;
 
 #define FMHA_CPU_KERNEL(name, ...) extern const fmha_cpu_ops fmha_ops_##name;
-#define FMHA_CUDA_KERNEL(name, ...)
-#define FMHA_CPU_BWD_KERNEL(name, ...)
-#define FMHA_CUDA_BWD_KERNEL(name, ...)
 #include "../kernels.def"
-#undef FMHA_CPU_KERNEL
-#undef FMHA_CUDA_KERNEL
-#undef FMHA_CPU_BWD_KERNEL
-#undef FMHA_CUDA_BWD_KERNEL
 
 #endif /* FMHA_CPU_H */

@@ -18,16 +18,7 @@ enum { BR = FMHA_CPU_BR, BC = FMHA_CPU_BC };
 
 static const fmha_cpu_ops *const ops_table[FMHA_KERNEL_COUNT] = {
 #define FMHA_CPU_KERNEL(name, ...) [FMHA_KERNEL_ID_##name] = &fmha_ops_##name,
-#define FMHA_CUDA_KERNEL(name, ...)
-#define FMHA_CPU_BWD_KERNEL(name, ...)
-#define FMHA_CUDA_BWD_KERNEL(name, ...)
-#define FMHA_CUDA_DEC_KERNEL(name, ...)
 #include "../kernels.def"
-#undef FMHA_CPU_KERNEL
-#undef FMHA_CUDA_KERNEL
-#undef FMHA_CPU_BWD_KERNEL
-#undef FMHA_CUDA_BWD_KERNEL
-#undef FMHA_CUDA_DEC_KERNEL
 };
 
 static int64_t round_up(int64_t x, int64_t m)

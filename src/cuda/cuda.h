@@ -23,11 +23,6 @@ fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **
 fmha_status fmha_cuda_count_non_finite(const fmha_tensor *t, int64_t *count, int64_t first[4],
                                        void *stream);
 
-/* Device memory for a layer's scratch (cudaMalloc), and its release
- * (NULL is fine). */
-fmha_status fmha_cuda_alloc(void **ptr, size_t bytes);
-void fmha_cuda_free(void *ptr);
-
 /* fmha_quantize_fp8_cuda after validation: checks the device and that x, y
  * and scales are device memory, then queues one kernel on `stream`. */
 fmha_status fmha_cuda_quantize_fp8(const fmha_tensor *x, const fmha_tensor *y, float *scales,
@@ -57,6 +52,13 @@ fmha_status fmha_cuda_unsmooth_lse(const fmha_tensor *q, float *lse, const float
 /* fmha_backend.quantize_rows on CUDA (cuda_int8.cu), queued on `stream`:
  * one launch per job, two for per-(batch, head) scales. */
 fmha_status fmha_cuda_quantize_rows(const fmha_rows_job *jobs, int n, void *stream);
+
+/* Decode (cuda_decode.cu): fmha_backend.host_kvcache (checks that the
+ * arrays are device memory; one synchronous copy on the call's stream) and
+ * fmha_backend.kv_append (queued on the call's stream). */
+fmha_status fmha_cuda_host_kvcache(const fmha_kvcache_args *a, fmha_kvcache_host *h);
+fmha_status fmha_cuda_kv_append(const fmha_problem *pb, const fmha_kvcache_args *a,
+                                const fmha_tensor *q_rot);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,8 @@
 /* cuda_backend.cu — the CUDA backend's table of operations (backend.h):
  * device queries, device memory, cu_seqlens for validation, and the forward
- * call handed to the plan's kernel (cuda_flash.cu's portable one, or the
- * Hopper kernel in hopper/), the backward to cuda_backward.cu's. The FP8 quantizer and fp8_smooth_k are
+ * call handed to the plan's kernel (cuda_flash.cu's portable one, the
+ * Hopper kernel in hopper/, or cuda_decode.cu's for decode calls), the
+ * backward to cuda_backward.cu's. The FP8 quantizer and fp8_smooth_k are
  * cuda_fp8.cu's. */
 #include "cuda_common.cuh"
 #include "../alloc.h"
@@ -36,31 +37,6 @@ extern "C" fmha_status fmha_cuda_device_describe(int dev, char *buf, size_t len)
     snprintf(buf, len, "%s, sm_%d%d, %d SMs, %.1f GiB", prop.name, prop.major, prop.minor,
              prop.multiProcessorCount, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     return FMHA_STATUS_OK;
-}
-
-extern "C" fmha_status fmha_cuda_alloc(void **ptr, size_t bytes)
-{
-    *ptr = nullptr;
-    if (fmha_alloc_injected_failure())
-        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
-                              "reserving %zu bytes of device scratch: allocation failure injected",
-                              bytes);
-    cudaError_t err = cudaMalloc(ptr, bytes);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        *ptr = nullptr;
-        return fmha_set_error(err == cudaErrorMemoryAllocation ? FMHA_STATUS_OUT_OF_MEMORY
-                                                               : FMHA_STATUS_BACKEND_ERROR,
-                              "reserving %zu bytes of device scratch: %s", bytes,
-                              cudaGetErrorString(err));
-    }
-    return FMHA_STATUS_OK;
-}
-
-extern "C" void fmha_cuda_free(void *ptr)
-{
-    if (ptr)
-        cudaFree(ptr);
 }
 
 extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, int32_t **q,
@@ -119,7 +95,6 @@ static fmha_status check_device_pointers(const named_ptr *ptrs, size_t n)
  * args->stream, after checking that every pointer is device memory. */
 static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws)
 {
-    (void)ws;
     const fmha_forward_args *a = pb->args;
     const named_ptr ptrs[] = {{a->q.data, "q"},
                               {a->k.data, "k"},
@@ -136,6 +111,8 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
         return st;
     if (pb->max_sq == 0) /* packed batch of empty query sequences: no row to write */
         return FMHA_STATUS_OK;
+    if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_decode_sm80)
+        return decode_forward(plan, pb, ws, (cudaStream_t)a->stream);
     flash_params p;
     fill_flash_params(pb, &p);
     cudaStream_t stream = (cudaStream_t)a->stream;
@@ -203,6 +180,8 @@ static fmha_status cuda_plan_variant(fmha_plan *plan)
     plan->has_two_level = 0;
     if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_flash_sm80_bwd)
         return backward_variant(plan);
+    if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_decode_sm80)
+        return decode_variant(plan);
 #ifdef FMHA_HAVE_CUDA_HOPPER
     if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80)
         return hopper_variant(plan);
@@ -227,15 +206,15 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_fetch_cu_seqlens,
     cuda_forward,
     fmha_cuda_count_non_finite,
-    fmha_cuda_alloc,
-    fmha_cuda_free,
+    device_alloc,
+    device_free,
     fmha_cuda_quantize_fp8,
     fmha_cuda_smooth_k_scratch,
     fmha_cuda_smooth_k,
     cuda_unsmooth,
     fmha_cuda_quantize_rows,
-    NULL, /* host_kvcache: no decode kernel yet */
-    NULL, /* kv_append: the CUDA kernels read no KV cache yet */
+    fmha_cuda_host_kvcache,
+    fmha_cuda_kv_append,
     fmha_cuda_merge,
     fmha_cuda_copy,
     fmha_cuda_fill_f32,

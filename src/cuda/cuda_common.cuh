@@ -5,6 +5,7 @@
 #define FMHA_CUDA_COMMON_CUH
 
 #include "cuda.h"
+#include "../alloc.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -264,6 +265,33 @@ inline fmha_status cuda_error(cudaError_t err, const char *what)
         "CUDA error in %s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
+/* Device memory for a layer's scratch (cudaMalloc; an injected allocation
+ * failure, tests/, refuses it), and its release (NULL is fine). */
+inline fmha_status device_alloc(void **ptr, size_t bytes)
+{
+    *ptr = nullptr;
+    if (fmha_alloc_injected_failure())
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "reserving %zu bytes of device scratch: allocation failure injected",
+                              bytes);
+    cudaError_t err = cudaMalloc(ptr, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = nullptr;
+        return fmha_set_error(err == cudaErrorMemoryAllocation ? FMHA_STATUS_OUT_OF_MEMORY
+                                                               : FMHA_STATUS_BACKEND_ERROR,
+                              "reserving %zu bytes of device scratch: %s", bytes,
+                              cudaGetErrorString(err));
+    }
+    return FMHA_STATUS_OK;
+}
+
+inline void device_free(void *ptr)
+{
+    if (ptr)
+        cudaFree(ptr);
+}
+
 /* Device or managed memory passes; anything the runtime calls host memory is
  * refused as "<name> is host memory<fix>". */
 inline fmha_status check_device_pointer(const void *ptr, const char *name, const char *fix)
@@ -380,6 +408,12 @@ fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, cons
  * a validated backward call (pb->bwd) on it. */
 fmha_status backward_variant(fmha_plan *plan);
 fmha_status portable_backward(const fmha_plan *plan, const fmha_problem *pb);
+
+/* cuda_decode.cu: the decode kernel's variant for a plan (head dim), and a
+ * validated decode call (pb->kv_cache) on it, its splits' partials in `ws`. */
+fmha_status decode_variant(fmha_plan *plan);
+fmha_status decode_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_workspace *ws,
+                           cudaStream_t stream);
 
 #ifdef FMHA_HAVE_CUDA_HOPPER
 /* The Hopper kernels: the variant for a plan (compiled head dim, tile,

@@ -1,0 +1,174 @@
+"""bench_decode_cuda.py — fmha's CUDA decode (fmha.Attention.decode on torch CUDA tensors) on
+decode shapes, as achieved bandwidth: bytes of K and V read (plus q and out) per second, beside
+the device's copy bandwidth measured in the same run (a torch copy of 4 GiB: bytes read plus
+bytes written per second) and torch SDPA (its default choice, GQA by enable_gqa) on the same
+caches, in one process.
+
+Each cache is one tensor in torch's [B, Hkv, S, D] layout; fmha reads it through a
+[B, S, Hkv, D] view (the same bytes), and its paged runs read a pool of 16-token pages in a
+shuffled order through a block table. Every cache is full (cache_seqlens = S).
+
+Times: `kernel`, the device time of fmha's kernels per call (torch.profiler, CUPTI); `call`,
+per call from CUDA events over back-to-back calls, which includes the synchronous copy of
+cache_seqlens and the block table that validation reads on the host; SDPA from CUDA events.
+Bandwidth and "of copy" use the kernel time. fmha's output is checked against SDPA's (largest
+absolute difference printed).
+
+    python3 bench/bench_decode_cuda.py [--lib build/libfmha.so] [--quick] [--out FILE.md]
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_md  # noqa: E402
+
+HEADINGS = {"decode-cuda": "Decode on the GPU (KV caches, bf16)"}
+# shapes whose caches exceed these are left out (80 GB cards; a paged run holds the caches twice)
+KV_BYTES_MAX, PAGED_KV_BYTES_MAX = 36 << 30, 16 << 30
+KERNELS = ("decode_kernel", "merge_splits")
+
+
+def copy_bandwidth():
+    """Bytes read plus written per second of a 4 GiB device copy, the best of five."""
+    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    best = 0.0
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        best = max(best, 2 * src.numel() / (a.elapsed_time(b) * 1e-3))
+    del src, dst
+    return best
+
+
+def event_ms(fn, iters):
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def kernel_us(fn, iters):
+    """Device time per call of fmha's decode kernels (and the split merge)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        if any(k in e.key for k in KERNELS):
+            total += getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
+    return total / iters
+
+
+def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    q = torch.randn(batch, 1, heads, d, device="cuda", dtype=bf, generator=g)
+    k = torch.randn(batch, kv_heads, cache, d, device="cuda", dtype=bf, generator=g)
+    v = torch.randn(batch, kv_heads, cache, d, device="cuda", dtype=bf, generator=g)
+    lens = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
+    layer = fmha.Attention(heads, d, num_kv_heads=kv_heads)
+    if page:
+        pages = batch * cache // page
+        perm = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
+        table = perm.reshape(batch, cache // page).contiguous()
+        # token t of sequence b sits in page table[b, t // page], slot t % page
+        kp = torch.empty(pages, page, kv_heads, d, device="cuda", dtype=bf)
+        vp = torch.empty_like(kp)
+        kp[table.reshape(-1).long()] = k.transpose(1, 2).reshape(pages, page, kv_heads, d)
+        vp[table.reshape(-1).long()] = v.transpose(1, 2).reshape(pages, page, kv_heads, d)
+        kc, vc = kp, vp
+    else:
+        table = None
+        kc, vc = k.transpose(1, 2), v.transpose(1, 2)
+    out = torch.empty(batch, 1, heads, d, device="cuda", dtype=bf)
+
+    def fmha_call():
+        layer.decode(q, kc, vc, cache_seqlens=lens, block_table=table, out=out)
+
+    qt = q.transpose(1, 2)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qt, k, v, enable_gqa=kv_heads != heads)
+
+    fmha_call()
+    ref = sdpa().transpose(1, 2)
+    diff = (out.float() - ref.float()).abs().max().item()
+    kus = kernel_us(fmha_call, iters)
+    call_ms = event_ms(fmha_call, iters)
+    sdpa_ms = event_ms(sdpa, iters)
+    nbytes = 2 * batch * cache * kv_heads * d * 2 + 2 * batch * heads * d * 2
+    del k, v, kc, vc, q, out
+    return kus, call_ms, sdpa_ms, nbytes, diff
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", help="libfmha.so to load (default: the package's)")
+    ap.add_argument("--quick", action="store_true", help="a few shapes")
+    ap.add_argument("--iters", type=int, default=20)
+    results_md.add_arguments(ap, HEADINGS)
+    opt = ap.parse_args()
+    if opt.lib:
+        os.environ["FMHA_LIBRARY"] = os.path.abspath(opt.lib)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import fmha
+    copy = copy_bandwidth()
+    print(f"# {time.strftime('%Y-%m-%d')} {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+          f"copy {copy / 1e12:.2f} TB/s")
+    shapes = []
+    if opt.quick:
+        shapes = [("llama3-8b", 16, 32, 8, 128, 8192, 0), ("llama3-8b", 16, 32, 8, 128, 8192, 16),
+                  ("llama3-8b", 1, 32, 8, 128, 131072, 0), ("llama3-8b", 64, 32, 8, 128, 8192, 16)]
+    else:
+        for cache in (1024, 8192, 32768, 131072):
+            for batch in (1, 16, 64, 256):
+                for page in (0, 16):
+                    shapes.append(("llama3-8b", batch, 32, 8, 128, cache, page))
+    shapes += [("mqa", 16, 32, 1, 128, 8192, 0), ("hd64", 16, 32, 8, 64, 8192, 0),
+               ("hd256", 16, 16, 4, 256, 8192, 0)]
+    rows = []
+    for name, b, h, hk, d, cache, page in shapes:
+        if 2 * b * cache * hk * d * 2 > (PAGED_KV_BYTES_MAX if page else KV_BYTES_MAX):
+            continue
+        kus, call_ms, sdpa_ms, nbytes, diff = run(fmha, name, b, h, hk, d, cache, page, opt.iters)
+        bw = nbytes / (kus * 1e-6)
+        sdpa_bw = nbytes / (sdpa_ms * 1e-3)
+        row = [name, str(b), f"{h}/{hk}", str(d), str(cache), str(page or "-"), f"{kus:.1f}",
+               f"{bw / 1e12:.2f}", f"{100 * bw / copy:.0f}%", f"{call_ms * 1e3:.1f}",
+               f"{sdpa_ms * 1e3:.1f}", f"{sdpa_bw / 1e12:.2f}", f"{sdpa_ms * 1e3 / kus:.2f}",
+               f"{diff:.1e}"]
+        print(" ".join(row), flush=True)
+        rows.append(row)
+    body = results_md.table(["shape", "batch", "heads", "d", "cache", "page", "fmha kernel µs",
+                             "TB/s", "of copy", "fmha call µs", "SDPA µs", "SDPA TB/s",
+                             "SDPA / fmha kernel", "max |fmha − SDPA|"], rows,
+                            "lrlrrrrrrrrrrr")
+    print(body)
+    results_md.write(opt, [("Machine", results_md.gpu_machine(torch)), ("Library", f"`{opt.lib}`"),
+                           ("Peers", "torch SDPA (default backend choice, enable_gqa), same caches, "
+                            f"same process; device copy bandwidth {copy / 1e12:.2f} TB/s (read + "
+                            "write, same run)")],
+                     "bf16 caches, one new query per sequence, every cache full; bandwidth = bytes "
+                     "of K, V, q and out over fmha's kernel time:\n\n" + body)
+
+
+if __name__ == "__main__":
+    main()

@@ -125,8 +125,8 @@ typedef struct fmha_cpu_ops {
      * apart. row_qk: st[j][i] = q_i . k_j for i < rows, 0 on to the next
      * multiple of FMHA_CPU_NQ. row_pv: o[i][c] = alpha[i] o[i][c] +
      * sum_j st[j][i] v_j[c] for i < rows, c < dv (o rows dvp apart). */
-    void (*row_qk)(const fmha_cpu_task *t, const float *qr, int rows, int64_t j0, int nj,
-                   float *st);
+    void (*row_qk)(const fmha_cpu_task *t, const float *qr, int rows, int slots, int width,
+                   const int64_t *hk, int64_t j0, int nj, float *st);
     void (*row_pv)(const fmha_cpu_task *t, const float *p, int rows, int64_t j0, int nj,
                    const float *alpha, float *o);
 

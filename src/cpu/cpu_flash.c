@@ -316,9 +316,7 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
     float *o = s->o + (int64_t)qv * tk->dvp;
 
-    if (qr) {
-        ops->row_qk(tk, qr, rows, j0, nj, st);
-    } else {
+    if (!qr) {
         ops->load_k(tk, j0, nj, s->kbuf);
         ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
     }
@@ -387,6 +385,8 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     }
     for (int64_t j0 = s->lo[0]; j0 < s->hi[rows - 1]; j0 += BC) {
         const int nj = (int)(s->hi[rows - 1] - j0 < BC ? s->hi[rows - 1] - j0 : BC);
+        if (by_rows)
+            ops->row_qk(tk, (const float *)s->qt, rows, slots, width, hk, j0, nj, s->st);
         for (int k = 0; k < slots; k++) {
             tk->hk = hk[k];
             run_block(ops, tk, &view[k], by_rows ? (const float *)s->qt + k * width * tk->dp : NULL,

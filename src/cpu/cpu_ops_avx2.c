@@ -115,6 +115,15 @@ static inline float hsum_avx2(__m256 x)
 }
 
 #define VLOADX loadx_avx2
+/* out[0..3] = the lane sums of a, b, c, d. */
+static inline void hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d, float *out)
+{
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d); /* pairs, per 128-bit half */
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);                        /* a b c d per half */
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
+#define VHSUM4 hsum4_avx2
 #define VHSUM  hsum_avx2
 #include "cpu_ops_rows.h"
 

@@ -118,6 +118,19 @@ static inline __m512 loadx_avx512(const char *row, fmha_dtype dt, int64_t c)
     }
 }
 
+/* out[0..3] = the lane sums of a, b, c, d: their 256-bit halves added,
+ * then AVX's pairwise sums. */
+static inline void hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d, float *out)
+{
+#define FMHA_HALVES(x) _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1))
+    const __m256 ab = _mm256_hadd_ps(FMHA_HALVES(a), FMHA_HALVES(b));
+    const __m256 cd = _mm256_hadd_ps(FMHA_HALVES(c), FMHA_HALVES(d));
+#undef FMHA_HALVES
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
+#define VHSUM4 hsum4_avx512
 #define VLOADX loadx_avx512
 #define VHSUM  _mm512_reduce_add_ps
 #include "cpu_ops_rows.h"

@@ -33,9 +33,11 @@ static void pack_q(const fmha_cpu_task *t, void *qtv, void *tmpv)
 enum { PF_AHEAD = 16 };
 #if defined(__x86_64__) || defined(__i386__)
 /* An asm statement: GCC 12 at -O1 and above drops __builtin_prefetch here. */
-#define FMHA_PREFETCH(p) __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(p)))
+#define FMHA_PREFETCH(p)    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)(p)))
+#define FMHA_PREFETCH_L2(p) __asm__ volatile("prefetcht2 %0" : : "m"(*(const char *)(p)))
 #else
-#define FMHA_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#define FMHA_PREFETCH(p)    __builtin_prefetch((p), 0, 3)
+#define FMHA_PREFETCH_L2(p) __builtin_prefetch((p), 0, 1)
 #endif
 static inline void prefetch_row(const fmha_cpu_task *t, const fmha_tensor *x, int64_t j,
                                 int64_t bytes)

@@ -7,14 +7,18 @@
  * Written once over cpu_ops_f32.h's vocabulary plus
  *   VLOADX(row, dtype, c) -> channels [c, c + VL) of an f32, f16 or bf16 row
  *   VHSUM(x) -> the sum of x's lanes
+ *   VHSUM4(a, b, c, d, out) -> out[0..3] = VHSUM of each
  * and cpu_ops_io.h's prefetch_row; included after both by the ISA files
  * that define those two. */
 
 #define INLINE static inline __attribute__((always_inline))
 
-enum { ROW_MR = 4 }; /* queries per register tile */
+enum { ROW_MR = 4 }; /* queries per register tile; VHSUM4 sums four rows */
+/* Key rows this many tokens ahead are prefetched into L1 (the hardware
+ * prefetcher follows the address order, but not that far ahead in time). */
+enum { ROW_KEYS_AHEAD = 16 };
 
-/* out[r] = q row r . key row kr for r < mr; q rows are dp apart. */
+/* out[r] = q row r . key row kr for r < mr (q rows dp apart, zero past d). */
 INLINE void row_qk_tile(const float *qr, int64_t dp, const char *kr, fmha_dtype dt, int64_t d,
                         float *out, const int mr)
 {
@@ -27,6 +31,10 @@ INLINE void row_qk_tile(const float *qr, int64_t dp, const char *kr, fmha_dtype 
         for (int r = 0; r < mr; r++)
             acc[r] = VFMA(VLOAD(qr + r * dp + c), kv, acc[r]);
     }
+    if (mr == ROW_MR && c == d) {
+        VHSUM4(acc[0], acc[1], acc[2], acc[3], out);
+        return;
+    }
     for (int r = 0; r < mr; r++) {
         float x = VHSUM(acc[r]);
         for (int64_t cc = c; cc < d; cc++)
@@ -35,23 +43,60 @@ INLINE void row_qk_tile(const float *qr, int64_t dp, const char *kr, fmha_dtype 
     }
 }
 
-static void row_qk(const fmha_cpu_task *t, const float *qr, int rows, int64_t j0, int nj, float *st)
+/* row_qk for one key dtype (a constant where it is inlined). */
+INLINE void row_qk_dt(const fmha_cpu_task *t, const float *qr, int rows, int slots, int width,
+                      const int64_t *hk, int64_t j0, int nj, float *st, const fmha_dtype dt)
 {
     const fmha_problem *pb = t->pb;
-    const fmha_tensor *k = &pb->args->k;
-    const int64_t bytes = pb->d * (int64_t)fmha_dtype_size(k->dtype);
-    const int width = (rows + FMHA_CPU_NQ - 1) / FMHA_CPU_NQ * FMHA_CPU_NQ;
+    const fmha_tensor *k = &pb->args->k, *v = &pb->args->v;
+    const int64_t kbytes = pb->d * (int64_t)fmha_dtype_size(k->dtype);
+    const int64_t vbytes = pb->dv * (int64_t)fmha_dtype_size(v->dtype);
     for (int j = 0; j < nj; j++) {
-        prefetch_row(t, k, j0 + j, bytes);
-        const char *kr = fmha_kv_row(pb, k, t->b, j0 + j, t->hk);
-        float *out = st + j * T_BR;
-        int i = 0;
-        for (; i + ROW_MR <= rows; i += ROW_MR)
-            row_qk_tile(qr + i * t->dp, t->dp, kr, k->dtype, pb->d, out + i, ROW_MR);
-        for (; i < rows; i++)
-            row_qk_tile(qr + i * t->dp, t->dp, kr, k->dtype, pb->d, out + i, 1);
-        for (; i < width; i++)
-            out[i] = 0.0f;
+        const int64_t key = j0 + j;
+        for (int s = 0; s < slots; s++) {
+            const char *kr = fmha_kv_row(pb, k, t->b, key, hk[s]);
+            const char *vr = fmha_kv_row(pb, v, t->b, key, hk[s]);
+            for (int64_t byte = 0; byte < vbytes; byte += 64)
+                FMHA_PREFETCH_L2(vr + byte);
+            if (key + ROW_KEYS_AHEAD < t->sk) {
+                const char *ahead = fmha_kv_row(pb, k, t->b, key + ROW_KEYS_AHEAD, hk[s]);
+                for (int64_t byte = 0; byte < kbytes; byte += 64)
+                    FMHA_PREFETCH(ahead + byte);
+            }
+            const float *q = qr + (int64_t)s * width * t->dp;
+            float *out = st + j * T_BR + s * width;
+            int i = 0;
+            for (; i + ROW_MR <= rows; i += ROW_MR)
+                row_qk_tile(q + i * t->dp, t->dp, kr, dt, pb->d, out + i, ROW_MR);
+            for (; i < rows; i++)
+                row_qk_tile(q + i * t->dp, t->dp, kr, dt, pb->d, out + i, 1);
+        }
+    }
+}
+
+/* Keys [j0, j0 + nj) against every slot's queries, key by key: slot k's `rows` queries (qr + k * width * dp) against the keys of KV head
+ * hk[k] into st[j][k * width + i], 0 on to the slot's width. A token's rows
+ * of the slots' heads are read one after another, which is address order
+ * where the heads sit side by side (BSHD caches, pages), and the token's
+ * value rows are prefetched into L2 for row_pv, which walks them head by
+ * head. */
+static void row_qk(const fmha_cpu_task *t, const float *qr, int rows, int slots, int width,
+                   const int64_t *hk, int64_t j0, int nj, float *st)
+{
+    /* one slot: zeros on to a whole vector of queries for softmax */
+    const int wz = slots > 1 ? width : (rows + FMHA_CPU_NQ - 1) / FMHA_CPU_NQ * FMHA_CPU_NQ;
+    for (int j = 0; j < nj; j++)
+        for (int s = 0; s < slots; s++)
+            for (int i = rows; i < wz; i++)
+                st[j * T_BR + s * width + i] = 0.0f;
+    switch (t->pb->args->k.dtype) {
+    case FMHA_DTYPE_BF16:
+        row_qk_dt(t, qr, rows, slots, width, hk, j0, nj, st, FMHA_DTYPE_BF16);
+        break;
+    case FMHA_DTYPE_F16:
+        row_qk_dt(t, qr, rows, slots, width, hk, j0, nj, st, FMHA_DTYPE_F16);
+        break;
+    default: row_qk_dt(t, qr, rows, slots, width, hk, j0, nj, st, FMHA_DTYPE_F32); break;
     }
 }
 
@@ -101,22 +146,34 @@ INLINE void row_pv_rows(const float *p, int nj, const char *const *vr, fmha_dtyp
         }
 }
 
+/* row_pv for one value dtype (a constant where it is inlined). */
+INLINE void row_pv_dt(const float *p, int nj, const char *const *vr, const float *alpha, float *o,
+                      int64_t dv, int64_t dvp, int rows, const fmha_dtype dt)
+{
+    int i = 0;
+    for (; i + ROW_MR <= rows; i += ROW_MR)
+        row_pv_rows(p, nj, vr, dt, alpha, o, dv, dvp, i, ROW_MR);
+    for (; i < rows; i++)
+        row_pv_rows(p, nj, vr, dt, alpha, o, dv, dvp, i, 1);
+}
+
 static void row_pv(const fmha_cpu_task *t, const float *p, int rows, int64_t j0, int nj,
                    const float *alpha, float *o)
 {
     const fmha_problem *pb = t->pb;
     const fmha_tensor *v = &pb->args->v;
-    const int64_t bytes = pb->dv * (int64_t)fmha_dtype_size(v->dtype);
     const char *vr[FMHA_CPU_BC];
-    for (int j = 0; j < nj; j++) {
-        prefetch_row(t, v, j0 + j, bytes);
+    for (int j = 0; j < nj; j++)
         vr[j] = fmha_kv_row(pb, v, t->b, j0 + j, t->hk);
+    switch (v->dtype) {
+    case FMHA_DTYPE_BF16:
+        row_pv_dt(p, nj, vr, alpha, o, pb->dv, t->dvp, rows, FMHA_DTYPE_BF16);
+        break;
+    case FMHA_DTYPE_F16:
+        row_pv_dt(p, nj, vr, alpha, o, pb->dv, t->dvp, rows, FMHA_DTYPE_F16);
+        break;
+    default: row_pv_dt(p, nj, vr, alpha, o, pb->dv, t->dvp, rows, FMHA_DTYPE_F32); break;
     }
-    int i = 0;
-    for (; i + ROW_MR <= rows; i += ROW_MR)
-        row_pv_rows(p, nj, vr, v->dtype, alpha, o, pb->dv, t->dvp, i, ROW_MR);
-    for (; i < rows; i++)
-        row_pv_rows(p, nj, vr, v->dtype, alpha, o, pb->dv, t->dvp, i, 1);
 }
 
 #undef INLINE

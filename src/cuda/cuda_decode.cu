@@ -57,7 +57,7 @@ struct dec_params {
 
 template <int D> struct dtile {
     static constexpr int WARPS = 4, THREADS = 128, STAGES = 3;
-    static constexpr int KT = 64;        /* keys per stage */
+    static constexpr int KT = 64;         /* keys per stage */
     static constexpr int BN = KT / WARPS; /* keys per warp per stage */
     static constexpr int DS = D + 8;      /* shared row stride (ldmatrix conflict-free) */
     static constexpr size_t STAGE = (size_t)2 * KT * DS * 2;
@@ -77,8 +77,8 @@ __device__ __forceinline__ int64_t cache_row(const dec_params &p, int b, int64_t
 {
     if (p.page_table) {
         /* 32-bit division where the key index allows (all but > 2^32 keys) */
-        const int64_t pi = j <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)p.page_size)
-                                           : j / p.page_size;
+        const int64_t pi =
+            j <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)p.page_size) : j / p.page_size;
         const int64_t page = p.page_table[b * p.page_stride + pi];
         return page * sb + (j - pi * p.page_size) * ss + hk * sh;
     }
@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
     constexpr int KT = dtile<D>::KT, BN = dtile<D>::BN, DS = dtile<D>::DS;
     constexpr int STAGES = dtile<D>::STAGES, WARPS = dtile<D>::WARPS, THREADS = dtile<D>::THREADS;
     extern __shared__ __align__(16) unsigned char smem[];
-    T *sQ = (T *)smem;      /* [16][DS] */
-    T *sKV = sQ + 16 * DS;  /* STAGES x ([KT][DS] K, [KT][DS] V) */
+    T *sQ = (T *)smem;        /* [16][DS] */
+    T *sKV = sQ + 16 * DS;    /* STAGES x ([KT][DS] K, [KT][DS] V) */
     float *sM = (float *)sKV; /* after the loop: [WARPS][16] max, sum, then [WARPS][16][D] o */
     float *sL = sM + WARPS * 16, *sO = sL + WARPS * 16;
 
@@ -290,8 +290,9 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
 #pragma unroll
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t bv[4];
-                ldmatrix_x4_trans(bv, smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
-                                               dp * 16 + (lane / 16) * 8));
+                ldmatrix_x4_trans(bv,
+                                  smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
+                                           dp * 16 + (lane / 16) * 8));
                 mma<BF16>(o[2 * dp], pa, bv[0], bv[1]);
                 mma<BF16>(o[2 * dp + 1], pa, bv[2], bv[3]);
             }
@@ -373,7 +374,8 @@ __global__ void merge_splits(const dec_params p)
     for (int s = 0; s < p.splits; s++)
         total += __expf(p.part_lse[s * nrows + row] - base);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    const int i = (int)(row % p.sq), h = (int)(row / p.sq % p.heads), b = (int)(row / p.sq / p.heads);
+    const int i = (int)(row % p.sq), h = (int)(row / p.sq % p.heads),
+              b = (int)(row / p.sq / p.heads);
     char *orow = (char *)p.o + (b * p.o_sb + (int64_t)i * p.o_ss + (int64_t)h * p.o_sh) *
                                    (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
     for (int c = lane; c < p.dv; c += 32) {
@@ -393,9 +395,8 @@ __global__ void merge_splits(const dec_params p)
  * token i, sequence b), threads over KV heads and channels. */
 template <typename T>
 __global__ void append_kv(const dec_params p, const T *k_new, const T *v_new, int64_t kn_sb,
-                          int64_t kn_ss, int64_t kn_sh, int64_t vn_sb, int64_t vn_ss,
-                          int64_t vn_sh, const float *cos_t, const float *sin_t, int rotary_dim,
-                          int interleaved)
+                          int64_t kn_ss, int64_t kn_sh, int64_t vn_sb, int64_t vn_ss, int64_t vn_sh,
+                          const float *cos_t, const float *sin_t, int rotary_dim, int interleaved)
 {
     const int i = blockIdx.x, b = blockIdx.y;
     const int64_t pos = p.cache_seqlens[b] + i;
@@ -610,8 +611,8 @@ fmha_status decode_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_w
     const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
     fmha_status st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no decode variant for head dim %d",
                                     plan->head_dim_variant);
-#define FMHA_LAUNCH(D)                 \
-    if (plan->head_dim_variant == D)   \
+#define FMHA_LAUNCH(D)               \
+    if (plan->head_dim_variant == D) \
         st = bf16 ? launch<D, true>(p, pb, ws, stream) : launch<D, false>(p, pb, ws, stream);
     FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
 #undef FMHA_LAUNCH
@@ -637,10 +638,10 @@ extern "C" fmha_status fmha_cuda_host_kvcache(const fmha_kvcache_args *a, fmha_k
         int32_t **dst;
         int64_t n;
         const char *name;
-    } arrays[3] = {{a->cache_seqlens, &h->cache_seqlens, batch, "cache_seqlens"},
-                   {a->block_table ? NULL : a->cache_batch_idx, &h->cache_batch_idx, batch,
-                    "cache_batch_idx"},
-                   {table ? a->block_table : NULL, &h->block_table, table, "block_table"}};
+    } arrays[3] = {
+        {a->cache_seqlens, &h->cache_seqlens, batch, "cache_seqlens"},
+        {a->block_table ? NULL : a->cache_batch_idx, &h->cache_batch_idx, batch, "cache_batch_idx"},
+        {table ? a->block_table : NULL, &h->block_table, table, "block_table"}};
     cudaStream_t stream = (cudaStream_t)a->stream;
     fmha_status st = FMHA_STATUS_OK;
     for (int i = 0; i < 3 && st == FMHA_STATUS_OK; i++) {
@@ -677,14 +678,13 @@ extern "C" fmha_status fmha_cuda_kv_append(const fmha_problem *pb, const fmha_kv
                                            const fmha_tensor *q_rot)
 {
     /* Every pointer of the call before the first write. */
-    const void *ptrs[9] = {a->q.data,     a->k_cache.data, a->v_cache.data,
-                           a->out.data,   a->lse,          a->k_new.data,
-                           a->v_new.data, a->rotary_cos,   a->rotary_sin};
-    const char *names[9] = {"q",   "k_cache", "v_cache",    "out",       "lse",
-                            "k_new", "v_new", "rotary_cos", "rotary_sin"};
+    const void *ptrs[9] = {a->q.data,     a->k_cache.data, a->v_cache.data, a->out.data,  a->lse,
+                           a->k_new.data, a->v_new.data,   a->rotary_cos,   a->rotary_sin};
+    const char *names[9] = {"q",     "k_cache", "v_cache",    "out",       "lse",
+                            "k_new", "v_new",   "rotary_cos", "rotary_sin"};
     for (int i = 0; i < 9; i++) {
-        fmha_status st = ptrs[i] ? check_device_pointer(ptrs[i], names[i], layer_fix)
-                                 : FMHA_STATUS_OK;
+        fmha_status st =
+            ptrs[i] ? check_device_pointer(ptrs[i], names[i], layer_fix) : FMHA_STATUS_OK;
         if (st != FMHA_STATUS_OK)
             return st;
     }
@@ -705,9 +705,9 @@ extern "C" fmha_status fmha_cuda_kv_append(const fmha_problem *pb, const fmha_kv
                 a->rotary_cos, a->rotary_sin, rd, il);
         else
             append_kv<__half><<<grid, 256, 0, stream>>>(
-                p, (const __half *)kn.data, (const __half *)vn.data, kn.stride_batch,
-                kn.stride_seq, kn.stride_head, vn.stride_batch, vn.stride_seq, vn.stride_head,
-                a->rotary_cos, a->rotary_sin, rd, il);
+                p, (const __half *)kn.data, (const __half *)vn.data, kn.stride_batch, kn.stride_seq,
+                kn.stride_head, vn.stride_batch, vn.stride_seq, vn.stride_head, a->rotary_cos,
+                a->rotary_sin, rd, il);
     }
     if (rd > 0 && pb->max_sq > 0) {
         const int per_query =

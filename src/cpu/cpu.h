@@ -118,14 +118,17 @@ typedef struct fmha_cpu_ops {
      * (m + log2 l) ln 2; rows that saw no key (l = 0) get 0 and -inf. */
     void (*store)(const fmha_cpu_task *t, const float *o, const float *m, const float *l);
 
-    /* Decode (f32 tables; NULL where the ISA has none, and then decode runs
-     * on the tiles above): a slot of `rows` queries of one KV head, fewer
-     * than FMHA_CPU_NQ, against keys [j0, j0 + nj) read straight from the
-     * tensors, with lanes over channels. qr: the queries as f32 rows dp
-     * apart. row_qk: st[j][i] = q_i . k_j for i < rows, 0 on to the next
-     * multiple of FMHA_CPU_NQ. row_pv: o[i][c] = alpha[i] o[i][c] +
+    /* Decode (NULL where the ISA has none, and then decode runs on the
+     * tiles above): a slot of `rows` queries of one KV head, fewer than
+     * FMHA_CPU_NQ, against keys [j0, j0 + nj) read straight from the
+     * tensors, with lanes over channels. qr: the queries as rows dp apart,
+     * f32 (elem 4) or bf16 (elem 2). row_qk, for `slots` such slots side by
+     * side (slot k's queries from row k * width on, its keys those of KV
+     * head hk[k]): st[j][k * width + i] = q_i . k_j for i < rows, 0 on to
+     * the slot's width (one slot: to the next multiple of FMHA_CPU_NQ).
+     * row_pv, one slot (KV head t->hk): o[i][c] = alpha[i] o[i][c] +
      * sum_j st[j][i] v_j[c] for i < rows, c < dv (o rows dvp apart). */
-    void (*row_qk)(const fmha_cpu_task *t, const float *qr, int rows, int slots, int width,
+    void (*row_qk)(const fmha_cpu_task *t, const void *qr, int rows, int slots, int width,
                    const int64_t *hk, int64_t j0, int nj, float *st);
     void (*row_pv)(const fmha_cpu_task *t, const float *p, int rows, int64_t j0, int nj,
                    const float *alpha, float *o);

@@ -296,10 +296,10 @@ static void store_partial(const fmha_cpu_task *tk, const task_scratch *s, float 
 
 /* One block of keys [j0, j0 + nj) for the `rows` rows of s (one slot) with
  * tk's micro-kernels: QK^T, softcap, mask, online softmax, dropout and PV.
- * The products are the tiles' or, with qr (the slot's queries as f32 rows),
- * decode's row products (cpu.h's row_qk, row_pv; P stays f32). */
+ * The products are the tiles' or, by_rows, decode's row products (cpu.h's
+ * row_qk, which run_task has run for the block's keys, and row_pv). */
 static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s,
-                      const float *qr, int rows, int64_t j0, int nj, float scale)
+                      int by_rows, int rows, int64_t j0, int nj, float scale)
 {
     const fmha_problem *pb = tk->pb;
     const int full = s->lo[rows - 1] <= j0 && j0 + nj <= s->hi[0]; /* every row sees every key */
@@ -308,7 +308,7 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     if (qa >= qb)
         return;
     /* The live rows widened to whole vectors: nq queries from qv, of which
-     * [qv, ib) are real rows (with qr, fewer than one vector: qv = 0). */
+     * [qv, ib) are real rows (by rows, fewer than one vector: qv = 0). */
     const int qv = qa / FMHA_CPU_NQ * FMHA_CPU_NQ;
     const int nq = (int)round_up(qb, FMHA_CPU_NQ) - qv;
     const int ib = qv + nq < rows ? qv + nq : rows;
@@ -316,7 +316,7 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     float *st = s->st + qv, *m = s->m + qv, *l = s->l + qv, *alpha = s->alpha + qv;
     float *o = s->o + (int64_t)qv * tk->dvp;
 
-    if (!qr) {
+    if (!by_rows) {
         ops->load_k(tk, j0, nj, s->kbuf);
         ops->qk(s->kbuf, tk->dp, nj, nq, qt, pb->d, st);
     }
@@ -327,7 +327,7 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     ops->softmax(st, nj, nq, scale, m, l, alpha);
     if (pb->drop_threshold)
         dropout(tk, s, j0, nj, qv, ib);
-    if (qr) {
+    if (by_rows) {
         ops->row_pv(tk, st, rows, j0, nj, alpha, o);
     } else {
         ops->load_v(tk, j0, nj, s->vbuf);
@@ -336,16 +336,25 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     }
 }
 
-/* The task's query rows as f32 rows of dp (zero past d) for the row
- * products: qr[r * dp + c]. */
-static void pack_q_rows(const fmha_cpu_task *tk, float *qr)
+/* The task's query rows for the row products, dp elements apart (zero
+ * past d): f32 rows, or in bf16-pair tables (elem 2) bf16 rows, q's own
+ * values (those tables take bf16 inputs alone). */
+static void pack_q_rows(const fmha_cpu_task *tk, int elem, void *qr)
 {
     const fmha_problem *pb = tk->pb;
     const fmha_tensor *q = &pb->args->q;
     for (int r = 0; r < tk->rows; r++) {
         const char *row = fmha_row(q, tk->tb, tk->q0 + tk->row_pos[r], tk->row_head[r]);
+        if (elem == 2) {
+            uint16_t *dst = (uint16_t *)qr + r * tk->dp;
+            memcpy(dst, row, (size_t)pb->d * 2);
+            for (int64_t c = pb->d; c < tk->dp; c++)
+                dst[c] = 0;
+            continue;
+        }
+        float *dst = (float *)qr + r * tk->dp;
         for (int64_t c = 0; c < tk->dp; c++)
-            qr[r * tk->dp + c] = c < pb->d ? fmha_load_f32(row, q->dtype, c) : 0.0f;
+            dst[c] = c < pb->d ? fmha_load_f32(row, q->dtype, c) : 0.0f;
     }
 }
 
@@ -369,10 +378,10 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
 
     /* Decode slots of fewer rows than a vector step take the row products
-     * (in f32 tables, whose Q^T tile holds the rows' f32 copies). */
-    const int by_rows = ops->row_qk && pb->kv_cache && rows < FMHA_CPU_NQ && ops->elem == 4;
+     * (the Q^T tile then holds the rows themselves: pack_q_rows). */
+    const int by_rows = ops->row_qk && pb->kv_cache && rows < FMHA_CPU_NQ;
     if (by_rows)
-        pack_q_rows(tk, s->qt);
+        pack_q_rows(tk, ops->elem, s->qt);
     else
         ops->pack_q(tk, s->qt, s->kbuf);
     /* Each slot's view of the scratch and its KV head. Slots differ in heads
@@ -386,11 +395,10 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     for (int64_t j0 = s->lo[0]; j0 < s->hi[rows - 1]; j0 += BC) {
         const int nj = (int)(s->hi[rows - 1] - j0 < BC ? s->hi[rows - 1] - j0 : BC);
         if (by_rows)
-            ops->row_qk(tk, (const float *)s->qt, rows, slots, width, hk, j0, nj, s->st);
+            ops->row_qk(tk, s->qt, rows, slots, width, hk, j0, nj, s->st);
         for (int k = 0; k < slots; k++) {
             tk->hk = hk[k];
-            run_block(ops, tk, &view[k], by_rows ? (const float *)s->qt + k * width * tk->dp : NULL,
-                      rows, j0, nj, scale);
+            run_block(ops, tk, &view[k], by_rows, rows, j0, nj, scale);
         }
     }
     tk->rows = rows;

@@ -365,6 +365,136 @@ static void load_v_bf16(const fmha_cpu_task *t, int64_t j0, int nj, void *vbv)
     }
 }
 
+/* Decode's row products on bf16 pairs (cpu.h's row_qk, row_pv): lanes over
+ * channel pairs, the queries as bf16 rows (exact: q is bf16), each key or
+ * value row multiplied as it comes from the cache, no conversion. */
+
+/* out[r] = q row r . key row kr for r < mr (bf16 rows; q rows dp apart). */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+row_qk_bf16_tile(const uint16_t *q, int64_t qs, const uint16_t *kr, int64_t d, float *out,
+                 const int mr)
+{
+    __m512 acc[4];
+    for (int r = 0; r < mr; r++)
+        acc[r] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) {
+        const __m512i kv = _mm512_loadu_si512(kr + c);
+        for (int r = 0; r < mr; r++)
+            acc[r] = dp(acc[r], _mm512_loadu_si512(q + r * qs + c), kv);
+    }
+    if (c < d) { /* the channels past the last 32: masked, so past d adds 0 */
+        const __mmask32 mk = (__mmask32)((1ull << (d - c)) - 1);
+        const __m512i kv = _mm512_maskz_loadu_epi16(mk, kr + c);
+        for (int r = 0; r < mr; r++)
+            acc[r] = dp(acc[r], _mm512_maskz_loadu_epi16(mk, q + r * qs + c), kv);
+    }
+    if (mr == 4) {
+        hsum4_avx512(acc[0], acc[1], acc[2], acc[3], out);
+        return;
+    }
+    for (int r = 0; r < mr; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+__attribute__((target("avx512bf16"))) static void
+row_qk_bf16_slot(const void *qv, int64_t qs, const char *kr, int64_t d, int rows, float *out)
+{
+    const uint16_t *q = qv;
+    int i = 0;
+    for (; i + 4 <= rows; i += 4)
+        row_qk_bf16_tile(q + i * qs, qs, (const uint16_t *)kr, d, out + i, 4);
+    for (; i < rows; i++)
+        row_qk_bf16_tile(q + i * qs, qs, (const uint16_t *)kr, d, out + i, 1);
+}
+
+__attribute__((target("avx512bf16"))) static void row_qk_bf16(const fmha_cpu_task *t,
+                                                              const void *qr, int rows, int slots,
+                                                              int width, const int64_t *hk,
+                                                              int64_t j0, int nj, float *st)
+{
+    row_qk_walk(t, qr, 2, rows, slots, width, hk, j0, nj, st, row_qk_bf16_slot);
+}
+
+/* Channels [c, c + 32 nc) of o's rows [i0, i0 + mr): alpha times the old
+ * values plus the probability pairs p2[jp][i] times the value rows' pairs
+ * (rows vr[2 jp], vr[2 jp + 1], interleaved as they load). */
+__attribute__((target("avx512bf16"))) static inline __attribute__((always_inline)) void
+row_pv_bf16_tile(const uint32_t *p2, int nj, const uint16_t *const *vr, const float *alpha,
+                 float *o, int64_t dv, int64_t dvp, int i0, int64_t c, const int mr, const int nc)
+{
+    __mmask32 mk[2];
+    int live[4]; /* o's rows hold channels [c + 16 x, c + 16 x + 16) */
+    __m512 acc[4][4];
+    for (int h = 0; h < nc; h++) {
+        const int64_t left = dv - c - 32 * h;
+        mk[h] = left >= 32 ? 0xffffffffu : left > 0 ? (__mmask32)((1u << left) - 1) : 0;
+    }
+    for (int x = 0; x < 2 * nc; x++)
+        live[x] = c + 16 * x < dvp;
+    for (int r = 0; r < mr; r++) {
+        const __m512 a = _mm512_set1_ps(alpha[i0 + r]);
+        for (int x = 0; x < 2 * nc; x++)
+            acc[r][x] = live[x] ? _mm512_mul_ps(a, _mm512_loadu_ps(o + (i0 + r) * dvp + c + 16 * x))
+                                : _mm512_setzero_ps();
+    }
+    for (int j = 0; j < nj; j += 2) {
+        __m512i pair[4];
+        for (int h = 0; h < nc; h++) {
+            const __m512i a = _mm512_maskz_loadu_epi16(mk[h], vr[j] + c + 32 * h);
+            const __m512i b = j + 1 < nj ? _mm512_maskz_loadu_epi16(mk[h], vr[j + 1] + c + 32 * h)
+                                         : _mm512_setzero_si512();
+            pair[2 * h] = interleave_lo(a, b);
+            pair[2 * h + 1] = interleave_hi(a, b);
+        }
+        for (int r = 0; r < mr; r++) {
+            const __m512i pp = _mm512_set1_epi32((int)p2[(j / 2) * 16 + i0 + r]);
+            for (int x = 0; x < 2 * nc; x++)
+                acc[r][x] = dp(acc[r][x], pp, pair[x]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int x = 0; x < 2 * nc; x++)
+            if (live[x])
+                _mm512_storeu_ps(o + (i0 + r) * dvp + c + 16 * x, acc[r][x]);
+}
+
+__attribute__((target("avx512bf16"))) static void row_pv_bf16(const fmha_cpu_task *t,
+                                                              const float *p, int rows, int64_t j0,
+                                                              int nj, const float *alpha, float *o)
+{
+    const fmha_problem *pb = t->pb;
+    const fmha_tensor *v = &pb->args->v;
+    const uint16_t *vr[FMHA_CPU_BC];
+    for (int j = 0; j < nj; j++)
+        vr[j] = (const uint16_t *)fmha_kv_row(pb, v, t->b, j0 + j, t->hk);
+    /* The probabilities of keys 2 jp and 2 jp + 1 as one bf16 pair per row
+     * (rows < 16: one vector of each key's column). */
+    uint32_t p2[FMHA_CPU_BC / 2 * 16];
+    for (int j = 0; j < nj; j += 2) {
+        const __m512 a = _mm512_loadu_ps(p + j * T_BR);
+        const __m512 b = j + 1 < nj ? _mm512_loadu_ps(p + (j + 1) * T_BR) : _mm512_setzero_ps();
+        const __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+        _mm512_storeu_si512(p2 + (j / 2) * 16,
+                            interleave_lo(ab, _mm512_shuffle_i64x2(ab, ab, 0xee)));
+    }
+    int64_t c = 0;
+    for (; c + 32 < pb->dv; c += 64) { /* 64 channels at a time, the last 32 or fewer alone */
+        int i = 0;
+        for (; i + 4 <= rows; i += 4)
+            row_pv_bf16_tile(p2, nj, vr, alpha, o, pb->dv, t->dvp, i, c, 4, 2);
+        for (; i < rows; i++)
+            row_pv_bf16_tile(p2, nj, vr, alpha, o, pb->dv, t->dvp, i, c, 1, 2);
+    }
+    for (; c < pb->dv; c += 32) {
+        int i = 0;
+        for (; i + 4 <= rows; i += 4)
+            row_pv_bf16_tile(p2, nj, vr, alpha, o, pb->dv, t->dvp, i, c, 4, 1);
+        for (; i < rows; i++)
+            row_pv_bf16_tile(p2, nj, vr, alpha, o, pb->dv, t->dvp, i, c, 1, 1);
+    }
+}
+
 const fmha_cpu_ops fmha_ops_cpu_avx512_bf16dp = {
     .lanes = VL,
     .elem = 2,
@@ -377,4 +507,6 @@ const fmha_cpu_ops fmha_ops_cpu_avx512_bf16dp = {
     .pack_p = pack_p_bf16,
     .pv = pv_bf16,
     .store = store,
+    .row_qk = row_qk_bf16,
+    .row_pv = row_pv_bf16,
 };

@@ -43,14 +43,29 @@ INLINE void row_qk_tile(const float *qr, int64_t dp, const char *kr, fmha_dtype 
     }
 }
 
-/* row_qk for one key dtype (a constant where it is inlined). */
-INLINE void row_qk_dt(const fmha_cpu_task *t, const float *qr, int rows, int slots, int width,
-                      const int64_t *hk, int64_t j0, int nj, float *st, const fmha_dtype dt)
+/* A slot's rows of queries q (rows dp elements apart) against key row kr
+ * into out[0 .. rows). */
+typedef void (*row_qk_slot_fn)(const void *q, int64_t dp, const char *kr, int64_t d, int rows,
+                               float *out);
+
+/* Keys [j0, j0 + nj) against every slot's queries, key by key: slot k's
+ * `rows` queries (qr + k * width * dp elements of `elem` bytes) against
+ * the keys of KV head hk[k] into st[j][k * width + i], 0 on to the slot's
+ * width. A token's rows of the slots' heads are read one after another,
+ * which is address order where the heads sit side by side (BSHD caches,
+ * pages), and the token's value rows are prefetched into L2 for row_pv,
+ * which walks them head by head. The row products are `slot`'s (inlined
+ * where it is a constant). */
+INLINE void row_qk_walk(const fmha_cpu_task *t, const void *qr, int64_t elem, int rows, int slots,
+                        int width, const int64_t *hk, int64_t j0, int nj, float *st,
+                        row_qk_slot_fn slot)
 {
     const fmha_problem *pb = t->pb;
     const fmha_tensor *k = &pb->args->k, *v = &pb->args->v;
     const int64_t kbytes = pb->d * (int64_t)fmha_dtype_size(k->dtype);
     const int64_t vbytes = pb->dv * (int64_t)fmha_dtype_size(v->dtype);
+    /* one slot: zeros on to a whole vector of queries for softmax */
+    const int wz = slots > 1 ? width : (rows + FMHA_CPU_NQ - 1) / FMHA_CPU_NQ * FMHA_CPU_NQ;
     for (int j = 0; j < nj; j++) {
         const int64_t key = j0 + j;
         for (int s = 0; s < slots; s++) {
@@ -63,40 +78,56 @@ INLINE void row_qk_dt(const fmha_cpu_task *t, const float *qr, int rows, int slo
                 for (int64_t byte = 0; byte < kbytes; byte += 64)
                     FMHA_PREFETCH(ahead + byte);
             }
-            const float *q = qr + (int64_t)s * width * t->dp;
             float *out = st + j * T_BR + s * width;
-            int i = 0;
-            for (; i + ROW_MR <= rows; i += ROW_MR)
-                row_qk_tile(q + i * t->dp, t->dp, kr, dt, pb->d, out + i, ROW_MR);
-            for (; i < rows; i++)
-                row_qk_tile(q + i * t->dp, t->dp, kr, dt, pb->d, out + i, 1);
+            slot((const char *)qr + s * width * t->dp * elem, t->dp, kr, pb->d, rows, out);
+            for (int i = rows; i < wz; i++)
+                out[i] = 0.0f;
         }
     }
 }
 
-/* Keys [j0, j0 + nj) against every slot's queries, key by key: slot k's `rows` queries (qr + k * width * dp) against the keys of KV head
- * hk[k] into st[j][k * width + i], 0 on to the slot's width. A token's rows
- * of the slots' heads are read one after another, which is address order
- * where the heads sit side by side (BSHD caches, pages), and the token's
- * value rows are prefetched into L2 for row_pv, which walks them head by
- * head. */
-static void row_qk(const fmha_cpu_task *t, const float *qr, int rows, int slots, int width,
+/* A slot's rows in register tiles of ROW_MR, then one by one. */
+INLINE void row_qk_slot(const void *qv, int64_t dp, const char *kr, int64_t d, int rows, float *out,
+                        const fmha_dtype dt)
+{
+    const float *q = qv;
+    int i = 0;
+    for (; i + ROW_MR <= rows; i += ROW_MR)
+        row_qk_tile(q + i * dp, dp, kr, dt, d, out + i, ROW_MR);
+    for (; i < rows; i++)
+        row_qk_tile(q + i * dp, dp, kr, dt, d, out + i, 1);
+}
+
+static void row_qk_slot_bf16(const void *q, int64_t dp, const char *kr, int64_t d, int rows,
+                             float *out)
+{
+    row_qk_slot(q, dp, kr, d, rows, out, FMHA_DTYPE_BF16);
+}
+
+static void row_qk_slot_f16(const void *q, int64_t dp, const char *kr, int64_t d, int rows,
+                            float *out)
+{
+    row_qk_slot(q, dp, kr, d, rows, out, FMHA_DTYPE_F16);
+}
+
+static void row_qk_slot_f32(const void *q, int64_t dp, const char *kr, int64_t d, int rows,
+                            float *out)
+{
+    row_qk_slot(q, dp, kr, d, rows, out, FMHA_DTYPE_F32);
+}
+
+/* cpu.h's row_qk: the queries are f32 rows, keys converted as they load. */
+static void row_qk(const fmha_cpu_task *t, const void *qr, int rows, int slots, int width,
                    const int64_t *hk, int64_t j0, int nj, float *st)
 {
-    /* one slot: zeros on to a whole vector of queries for softmax */
-    const int wz = slots > 1 ? width : (rows + FMHA_CPU_NQ - 1) / FMHA_CPU_NQ * FMHA_CPU_NQ;
-    for (int j = 0; j < nj; j++)
-        for (int s = 0; s < slots; s++)
-            for (int i = rows; i < wz; i++)
-                st[j * T_BR + s * width + i] = 0.0f;
     switch (t->pb->args->k.dtype) {
     case FMHA_DTYPE_BF16:
-        row_qk_dt(t, qr, rows, slots, width, hk, j0, nj, st, FMHA_DTYPE_BF16);
+        row_qk_walk(t, qr, 4, rows, slots, width, hk, j0, nj, st, row_qk_slot_bf16);
         break;
     case FMHA_DTYPE_F16:
-        row_qk_dt(t, qr, rows, slots, width, hk, j0, nj, st, FMHA_DTYPE_F16);
+        row_qk_walk(t, qr, 4, rows, slots, width, hk, j0, nj, st, row_qk_slot_f16);
         break;
-    default: row_qk_dt(t, qr, rows, slots, width, hk, j0, nj, st, FMHA_DTYPE_F32); break;
+    default: row_qk_walk(t, qr, 4, rows, slots, width, hk, j0, nj, st, row_qk_slot_f32); break;
     }
 }
 

@@ -4,12 +4,14 @@
  * queries, which a decode step's 1 to 8 queries of a KV head fill a quarter
  * of at best, and copy every row into a block first; here each row is read
  * once, converted in registers, and multiplied by every query of the slot.
- * Written once over cpu_ops_f32.h's vocabulary plus
+ * row_qk_walk, the order of the key walk and its prefetches, serves the
+ * bf16 pair kernels too (cpu_ops_avx512.c). Written once over
+ * cpu_ops_f32.h's vocabulary plus
  *   VLOADX(row, dtype, c) -> channels [c, c + VL) of an f32, f16 or bf16 row
  *   VHSUM(x) -> the sum of x's lanes
  *   VHSUM4(a, b, c, d, out) -> out[0..3] = VHSUM of each
- * and cpu_ops_io.h's prefetch_row; included after both by the ISA files
- * that define those two. */
+ * and cpu_ops_io.h's FMHA_PREFETCH and FMHA_PREFETCH_L2; included after both
+ * by the ISA files that define those. */
 
 #define INLINE static inline __attribute__((always_inline))
 

@@ -189,15 +189,21 @@ __device__ __forceinline__ char *block_out_row(const flash_params &p, const bloc
                              (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
 }
 
+/* Element c of a row of dtype `dtype` (f32, bf16 or f16). */
+__device__ __forceinline__ void store_elem(int dtype, char *row, int c, float x)
+{
+    if (dtype == FMHA_DTYPE_F32)
+        ((float *)row)[c] = x;
+    else if (dtype == FMHA_DTYPE_BF16)
+        ((__nv_bfloat16 *)row)[c] = __float2bfloat16_rn(x);
+    else
+        ((__half *)row)[c] = __float2half_rn(x);
+}
+
 /* Element c of an output row, in out's dtype. */
 __device__ __forceinline__ void store_out(const flash_params &p, char *orow, int c, float x)
 {
-    if (p.out_dtype == FMHA_DTYPE_F32)
-        ((float *)orow)[c] = x;
-    else if (p.out_dtype == FMHA_DTYPE_BF16)
-        ((__nv_bfloat16 *)orow)[c] = __float2bfloat16_rn(x);
-    else
-        ((__half *)orow)[c] = __float2half_rn(x);
+    store_elem(p.out_dtype, orow, c, x);
 }
 
 /* -inf on this thread's scores of row r (of `rows`) that the row does not

@@ -123,15 +123,20 @@ __device__ __forceinline__ void load_stage(const dec_params &p, T *sK, T *sV, in
     }
 }
 
-/* Element c of an output row (out's dtype). */
-__device__ __forceinline__ void put_out(const dec_params &p, char *row, int c, float x)
+/* Channel c of row src (rotary_dim channels rotated) at position pos:
+ * semantics.h's pairs, the tables [pos][rotary_dim / 2]. */
+template <typename T>
+__device__ __forceinline__ float rotated(const T *src, int c, int rotary_dim, int interleaved,
+                                         const float *cos_t, const float *sin_t, int64_t pos)
 {
-    if (p.out_dtype == FMHA_DTYPE_F32)
-        ((float *)row)[c] = x;
-    else if (p.out_dtype == FMHA_DTYPE_BF16)
-        ((__nv_bfloat16 *)row)[c] = __float2bfloat16_rn(x);
-    else
-        ((__half *)row)[c] = __float2half_rn(x);
+    if (c >= rotary_dim)
+        return (float)src[c];
+    const int half = rotary_dim / 2, pc = interleaved ? c / 2 : c % half;
+    int64_t c1, c2;
+    fmha_rotary_pair(rotary_dim, interleaved, pc, &c1, &c2);
+    const float x1 = (float)src[c1], x2 = (float)src[c2];
+    const float cs = cos_t[pos * half + pc], sn = sin_t[pos * half + pc];
+    return c == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
 }
 
 /* One block: 16 rows of (sequence b, KV head hk), keys of one split. Grid:
@@ -351,7 +356,7 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
         }
         char *orow = (char *)p.o + (b * p.o_sb + (int64_t)i * p.o_ss + (int64_t)h * p.o_sh) *
                                        (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
-        put_out(p, orow, c, x * inv);
+        store_elem(p.out_dtype, orow, c, x * inv);
         if (p.lse && c == 0)
             p.lse[lrow] = lse;
     }
@@ -385,7 +390,7 @@ __global__ void merge_splits(const dec_params p)
             if (l != -INFINITY) /* an empty split's part is 0 and weighs nothing */
                 x += p.part_o[(s * nrows + row) * p.dv + c] * __expf(l - base);
         }
-        put_out(p, orow, c, x * inv);
+        store_elem(p.out_dtype, orow, c, x * inv);
     }
     if (p.lse && lane == 0)
         p.lse[row] = total > 0.0f || total != total ? base + logf(total) : -INFINITY;
@@ -401,20 +406,11 @@ __global__ void append_kv(const dec_params p, const T *k_new, const T *v_new, in
     const int i = blockIdx.x, b = blockIdx.y;
     const int64_t pos = p.cache_seqlens[b] + i;
     T *kc = (T *)p.kc, *vc = (T *)p.vc;
-    const int half = rotary_dim / 2;
     for (int e = threadIdx.x; e < p.kv_heads * p.d; e += blockDim.x) {
         const int h = e / p.d, c = e % p.d;
         const T *src = k_new + b * kn_sb + (int64_t)i * kn_ss + (int64_t)h * kn_sh;
-        float x = (float)src[c];
-        if (c < rotary_dim) {
-            int64_t c1, c2;
-            const int pc = interleaved ? c / 2 : c % half;
-            fmha_rotary_pair(rotary_dim, interleaved, pc, &c1, &c2);
-            const float x1 = (float)src[c1], x2 = (float)src[c2];
-            const float cs = cos_t[pos * half + pc], sn = sin_t[pos * half + pc];
-            x = c == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
-        }
-        kc[cache_row(p, b, pos, h, p.k_sb, p.k_ss, p.k_sh) + c] = T(x);
+        kc[cache_row(p, b, pos, h, p.k_sb, p.k_ss, p.k_sh) + c] =
+            T(rotated(src, c, rotary_dim, interleaved, cos_t, sin_t, pos));
     }
     for (int e = threadIdx.x; e < p.kv_heads * p.dv; e += blockDim.x) {
         const int h = e / p.dv, c = e % p.dv;
@@ -432,20 +428,11 @@ __global__ void rotate_q(const dec_params p, const T *q, int64_t q_sb, int64_t q
 {
     const int i = blockIdx.x, b = blockIdx.y;
     const int64_t pos = fmha_rotary_position(per_query, seq_keys(p, b) - p.seqlen_new, i);
-    const int half = rotary_dim / 2;
     for (int e = threadIdx.x; e < p.heads * p.d; e += blockDim.x) {
         const int h = e / p.d, c = e % p.d;
         const T *src = q + b * q_sb + (int64_t)i * q_ss + (int64_t)h * q_sh;
-        float x = (float)src[c];
-        if (c < rotary_dim) {
-            int64_t c1, c2;
-            const int pc = interleaved ? c / 2 : c % half;
-            fmha_rotary_pair(rotary_dim, interleaved, pc, &c1, &c2);
-            const float x1 = (float)src[c1], x2 = (float)src[c2];
-            const float cs = cos_t[pos * half + pc], sn = sin_t[pos * half + pc];
-            x = c == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
-        }
-        q_rot[(((int64_t)b * p.sq + i) * p.heads + h) * p.d + c] = T(x);
+        q_rot[(((int64_t)b * p.sq + i) * p.heads + h) * p.d + c] =
+            T(rotated(src, c, rotary_dim, interleaved, cos_t, sin_t, pos));
     }
 }
 

@@ -138,6 +138,31 @@ static inline char *fmha_kv_row(const fmha_problem *pb, const fmha_tensor *t, in
     return fmha_row(t, pb->kv_batch ? pb->kv_batch[b] : b, j, h);
 }
 
+/* fmha_kv_row of keys [j0, j0 + n) into rows[0 .. n): one division for a
+ * paged cache's first page, then page by page. */
+static inline void fmha_kv_rows(const fmha_problem *pb, const fmha_tensor *t, int64_t b, int64_t j0,
+                                int n, int64_t h, const char **rows)
+{
+    if (n <= 0)
+        return;
+    if (!pb->page_table) { /* the rows of a sequence are stride_seq apart */
+        const char *r = fmha_kv_row(pb, t, b, j0, h);
+        const int64_t step = (int64_t)(fmha_row(t, 0, 1, 0) - fmha_row(t, 0, 0, 0));
+        for (int j = 0; j < n; j++)
+            rows[j] = r + j * step;
+        return;
+    }
+    const int32_t *pages = pb->page_table + b * pb->page_stride;
+    int64_t pi = j0 / pb->page_size, in = j0 - pi * pb->page_size;
+    for (int j = 0; j < n; j++, in++) {
+        if (in == pb->page_size) {
+            pi++;
+            in = 0;
+        }
+        rows[j] = fmha_row(t, pages[pi], in, h);
+    }
+}
+
 /* The position of new query i of a decode call whose sequence's cache held
  * `cached` keys (semantics.h's fmha_rotary_position for the layer's masks). */
 static inline int64_t fmha_rotary_q_pos(const fmha_config *cfg, int64_t cached, int64_t i)

@@ -466,8 +466,7 @@ __attribute__((target("avx512bf16"))) static void row_pv_bf16(const fmha_cpu_tas
     const fmha_problem *pb = t->pb;
     const fmha_tensor *v = &pb->args->v;
     const uint16_t *vr[FMHA_CPU_BC];
-    for (int j = 0; j < nj; j++)
-        vr[j] = (const uint16_t *)fmha_kv_row(pb, v, t->b, j0 + j, t->hk);
+    fmha_kv_rows(pb, v, t->b, j0, nj, t->hk, (const char **)vr);
     /* The probabilities of keys 2 jp and 2 jp + 1 as one bf16 pair per row
      * (rows < 16: one vector of each key's column). */
     uint32_t p2[FMHA_CPU_BC / 2 * 16];

@@ -68,15 +68,22 @@ INLINE void row_qk_walk(const fmha_cpu_task *t, const void *qr, int64_t elem, in
     const int64_t vbytes = pb->dv * (int64_t)fmha_dtype_size(v->dtype);
     /* one slot: zeros on to a whole vector of queries for softmax */
     const int wz = slots > 1 ? width : (rows + FMHA_CPU_NQ - 1) / FMHA_CPU_NQ * FMHA_CPU_NQ;
+    /* KV head 0's rows of the block's keys (and of the keys ahead); a
+     * head's are stride_head further on */
+    const char *krow[FMHA_CPU_BC + ROW_KEYS_AHEAD], *vrow[FMHA_CPU_BC];
+    const int nk = (int)(t->sk - j0 < nj + ROW_KEYS_AHEAD ? t->sk - j0 : nj + ROW_KEYS_AHEAD);
+    fmha_kv_rows(pb, k, t->b, j0, nk, 0, krow);
+    fmha_kv_rows(pb, v, t->b, j0, nj, 0, vrow);
+    const int64_t ksh = (int64_t)(fmha_row(k, 0, 0, 1) - fmha_row(k, 0, 0, 0));
+    const int64_t vsh = (int64_t)(fmha_row(v, 0, 0, 1) - fmha_row(v, 0, 0, 0));
     for (int j = 0; j < nj; j++) {
-        const int64_t key = j0 + j;
         for (int s = 0; s < slots; s++) {
-            const char *kr = fmha_kv_row(pb, k, t->b, key, hk[s]);
-            const char *vr = fmha_kv_row(pb, v, t->b, key, hk[s]);
+            const char *kr = krow[j] + hk[s] * ksh;
+            const char *vr = vrow[j] + hk[s] * vsh;
             for (int64_t byte = 0; byte < vbytes; byte += 64)
                 FMHA_PREFETCH_L2(vr + byte);
-            if (key + ROW_KEYS_AHEAD < t->sk) {
-                const char *ahead = fmha_kv_row(pb, k, t->b, key + ROW_KEYS_AHEAD, hk[s]);
+            if (j + ROW_KEYS_AHEAD < nk) {
+                const char *ahead = krow[j + ROW_KEYS_AHEAD] + hk[s] * ksh;
                 for (int64_t byte = 0; byte < kbytes; byte += 64)
                     FMHA_PREFETCH(ahead + byte);
             }
@@ -196,8 +203,7 @@ static void row_pv(const fmha_cpu_task *t, const float *p, int rows, int64_t j0,
     const fmha_problem *pb = t->pb;
     const fmha_tensor *v = &pb->args->v;
     const char *vr[FMHA_CPU_BC];
-    for (int j = 0; j < nj; j++)
-        vr[j] = fmha_kv_row(pb, v, t->b, j0 + j, t->hk);
+    fmha_kv_rows(pb, v, t->b, j0, nj, t->hk, vr);
     switch (v->dtype) {
     case FMHA_DTYPE_BF16:
         row_pv_dt(p, nj, vr, alpha, o, pb->dv, t->dvp, rows, FMHA_DTYPE_BF16);

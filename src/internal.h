@@ -163,12 +163,17 @@ static inline void fmha_kv_rows(const fmha_problem *pb, const fmha_tensor *t, in
     }
 }
 
-/* The position of new query i of a decode call whose sequence's cache held
- * `cached` keys (semantics.h's fmha_rotary_position for the layer's masks). */
+/* Whether a decode call's new queries rotate at positions of their own
+ * (the layer's masks), and the position of new query i of a sequence whose
+ * cache held `cached` keys (semantics.h's fmha_rotary_position). */
+static inline int fmha_rotary_per_query(const fmha_config *cfg)
+{
+    return cfg->causal || cfg->window_left >= 0 || cfg->window_right >= 0;
+}
+
 static inline int64_t fmha_rotary_q_pos(const fmha_config *cfg, int64_t cached, int64_t i)
 {
-    const int local = cfg->window_left >= 0 || cfg->window_right >= 0;
-    return fmha_rotary_position(cfg->causal || local, cached, i);
+    return fmha_rotary_position(fmha_rotary_per_query(cfg), cached, i);
 }
 
 /* ---------------------------------------------------------- conversions */

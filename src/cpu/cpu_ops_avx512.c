@@ -2,7 +2,8 @@
  * 16-lane vectors, cpu_ops_io.h over this file's to_f32) and, for bf16 inputs
  * on CPUs with AVX512_BF16, the bf16 pair kernels built on vdpbf16ps (two
  * products per lane per instruction), whose loads pair the rows themselves,
- * and decode's row products on those pairs. Compiled with AVX-512 flags; called only after cpuid.c found the ISA. */
+ * and decode's row products on those pairs. Compiled with AVX-512 flags;
+ * called only after cpuid.c found the ISA. */
 #include "cpu.h"
 
 #include <immintrin.h>

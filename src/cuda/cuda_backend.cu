@@ -111,7 +111,7 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
         return st;
     if (pb->max_sq == 0) /* packed batch of empty query sequences: no row to write */
         return FMHA_STATUS_OK;
-    if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_decode_sm80)
+    if (plan->kernel->role == FMHA_ROLE_DECODE) /* the decode kernel reads KV caches */
         return decode_forward(plan, pb, ws, (cudaStream_t)a->stream);
     flash_params p;
     fill_flash_params(pb, &p);
@@ -148,7 +148,7 @@ static fmha_status cuda_backward(const fmha_plan *plan, const fmha_problem *pb, 
     fmha_status st = check_device_pointers(ptrs, sizeof ptrs / sizeof *ptrs);
     if (st != FMHA_STATUS_OK)
         return st;
-    if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80_bwd)
+    if (plan->kernel->role != FMHA_ROLE_BACKWARD)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not a backward kernel",
                               plan->kernel->info.name);
     return portable_backward(plan, pb);
@@ -178,9 +178,9 @@ static fmha_status cuda_plan_variant(fmha_plan *plan)
 {
     plan->max_cluster = 1;
     plan->has_two_level = 0;
-    if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_flash_sm80_bwd)
+    if (plan->kernel->role == FMHA_ROLE_BACKWARD)
         return backward_variant(plan);
-    if (plan->kernel->info.id == FMHA_KERNEL_ID_cuda_decode_sm80)
+    if (plan->kernel->role == FMHA_ROLE_DECODE)
         return decode_variant(plan);
 #ifdef FMHA_HAVE_CUDA_HOPPER
     if (plan->kernel->info.id != FMHA_KERNEL_ID_cuda_flash_sm80)

@@ -697,8 +697,7 @@ extern "C" fmha_status fmha_cuda_kv_append(const fmha_problem *pb, const fmha_kv
                 a->rotary_sin, rd, il);
     }
     if (rd > 0 && pb->max_sq > 0) {
-        const int per_query =
-            pb->cfg->causal || pb->cfg->window_left >= 0 || pb->cfg->window_right >= 0;
+        const int per_query = fmha_rotary_per_query(pb->cfg);
         dim3 grid((unsigned)pb->max_sq, (unsigned)pb->batch);
         const fmha_tensor &q = a->q;
         if (bf16)

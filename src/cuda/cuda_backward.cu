@@ -48,25 +48,6 @@ struct bwd_params {
     int64_t batch;
 };
 
-__device__ __forceinline__ float load_any(const void *base, int dtype, int64_t i)
-{
-    if (dtype == FMHA_DTYPE_F32)
-        return ((const float *)base)[i];
-    if (dtype == FMHA_DTYPE_BF16)
-        return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
-    return __half2float(((const __half *)base)[i]);
-}
-
-__device__ __forceinline__ void store_any(void *base, int dtype, int64_t i, float x)
-{
-    if (dtype == FMHA_DTYPE_F32)
-        ((float *)base)[i] = x;
-    else if (dtype == FMHA_DTYPE_BF16)
-        ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
-    else
-        ((__half *)base)[i] = __float2half_rn(x);
-}
-
 /* Rows [0, rows) x columns [0, cols) of a strided tile of any dtype into a
  * [R][D + 8] shared tile of T, zero elsewhere: cp.async where `direct`
  * (the tile is T with 16-byte rows), converted element by element else. */

@@ -189,21 +189,31 @@ __device__ __forceinline__ char *block_out_row(const flash_params &p, const bloc
                              (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
 }
 
-/* Element c of a row of dtype `dtype` (f32, bf16 or f16). */
-__device__ __forceinline__ void store_elem(int dtype, char *row, int c, float x)
+/* Element i of an array of dtype `dtype` (f32, bf16 or f16), read as f32
+ * and written from f32 (round to nearest even). */
+__device__ __forceinline__ float load_any(const void *base, int dtype, int64_t i)
 {
     if (dtype == FMHA_DTYPE_F32)
-        ((float *)row)[c] = x;
+        return ((const float *)base)[i];
+    if (dtype == FMHA_DTYPE_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+    return __half2float(((const __half *)base)[i]);
+}
+
+__device__ __forceinline__ void store_any(void *base, int dtype, int64_t i, float x)
+{
+    if (dtype == FMHA_DTYPE_F32)
+        ((float *)base)[i] = x;
     else if (dtype == FMHA_DTYPE_BF16)
-        ((__nv_bfloat16 *)row)[c] = __float2bfloat16_rn(x);
+        ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
     else
-        ((__half *)row)[c] = __float2half_rn(x);
+        ((__half *)base)[i] = __float2half_rn(x);
 }
 
 /* Element c of an output row, in out's dtype. */
 __device__ __forceinline__ void store_out(const flash_params &p, char *orow, int c, float x)
 {
-    store_elem(p.out_dtype, orow, c, x);
+    store_any(orow, p.out_dtype, c, x);
 }
 
 /* -inf on this thread's scores of row r (of `rows`) that the row does not

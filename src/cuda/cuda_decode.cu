@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
         }
         char *orow = (char *)p.o + (b * p.o_sb + (int64_t)i * p.o_ss + (int64_t)h * p.o_sh) *
                                        (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
-        store_elem(p.out_dtype, orow, c, x * inv);
+        store_any(orow, p.out_dtype, c, x * inv);
         if (p.lse && c == 0)
             p.lse[lrow] = lse;
     }
@@ -390,7 +390,7 @@ __global__ void merge_splits(const dec_params p)
             if (l != -INFINITY) /* an empty split's part is 0 and weighs nothing */
                 x += p.part_o[(s * nrows + row) * p.dv + c] * __expf(l - base);
         }
-        store_elem(p.out_dtype, orow, c, x * inv);
+        store_any(orow, p.out_dtype, c, x * inv);
     }
     if (p.lse && lane == 0)
         p.lse[row] = total > 0.0f || total != total ? base + logf(total) : -INFINITY;

@@ -8,6 +8,7 @@
 
 namespace
 {
+using namespace fmha_cuda;
 
 struct merge_part {
     const char *data;
@@ -25,24 +26,6 @@ struct merge_params {
     float *lse;
     int64_t l_b, l_h;
 };
-
-__device__ __forceinline__ float load_elem(const char *row, int dtype, int64_t c)
-{
-    switch (dtype) {
-    case FMHA_DTYPE_F32: return ((const float *)row)[c];
-    case FMHA_DTYPE_F16: return __half2float(((const __half *)row)[c]);
-    default: return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
-    }
-}
-
-__device__ __forceinline__ void store_elem(char *row, int dtype, int64_t c, float x)
-{
-    switch (dtype) {
-    case FMHA_DTYPE_F32: ((float *)row)[c] = x; break;
-    case FMHA_DTYPE_F16: ((__half *)row)[c] = __float2half_rn(x); break;
-    default: ((__nv_bfloat16 *)row)[c] = __float2bfloat16_rn(x); break;
-    }
-}
 
 /* One block per query row (b, s, h); thread 0 computes the weights. A part
  * of LSE -inf weighs 0 and is not read; NaN or +inf makes the row NaN. */
@@ -88,9 +71,9 @@ __global__ void merge_kernel(const merge_params p)
                 if (ls[i] != -INFINITY) {
                     const merge_part &q = p.parts[i];
                     acc +=
-                        w[i] * load_elem(q.data + b * q.s_b + s * q.s_s + h * q.s_h, p.in_dtype, c);
+                        w[i] * load_any(q.data + b * q.s_b + s * q.s_s + h * q.s_h, p.in_dtype, c);
                 }
-        store_elem(orow, p.out_dtype, c, acc);
+        store_any(orow, p.out_dtype, c, acc);
     }
     if (threadIdx.x == 0 && p.lse)
         p.lse[b * p.l_b + h * p.l_h + s] = total;
@@ -112,7 +95,7 @@ __global__ void copy_kernel(const copy_params p)
         const char *from = p.src + b * p.s_b + s * p.s_s + h * p.s_h;
         char *to = p.dst + b * p.d_b + s * p.d_s + h * p.d_h;
         for (int64_t c = threadIdx.x; c < p.d; c += blockDim.x)
-            store_elem(to, p.dst_dtype, c, load_elem(from, p.src_dtype, c));
+            store_any(to, p.dst_dtype, c, load_any(from, p.src_dtype, c));
     }
 }
 

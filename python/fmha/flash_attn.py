@@ -10,7 +10,7 @@ graph breaks: gradients on CPU tensors and on CUDA tensors of f16/bf16
 Differences from flash_attn:
 - alibi_slopes, cache_leftpad, and block_table of flash_attn_varlen_func
   (paged prefill) raise NotImplementedError; flash_attn_with_kvcache takes
-  block_table (paged KV caches) on the CPU;
+  block_table (paged KV caches), on the CPU and on CUDA;
 - `deterministic` is accepted and ignored (fmha's forward, and its CPU
   backward, are deterministic anyway);
 - dropout draws its seed from fmha's generator (fmha.manual_seed), not

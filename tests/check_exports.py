@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Checks that libfmha.so exports include/fmha.h's functions and nothing else.
+"""Checks that libfmha.so exports include/fmha.h's functions and nothing else,
+and that it does not link NCCL (comm_nccl.c opens the process's NCCL at run
+time, so that loading libfmha never puts a second NCCL before a framework's).
 
 usage: check_exports.py HEADER LIBRARY [NM]   (NM: the nm to run, default nm)
 
@@ -40,6 +42,16 @@ def exported_symbols(library, nm):
     return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
 
 
+def needed_libraries(library):
+    """The DT_NEEDED entries of the library (empty where readelf is missing)."""
+    try:
+        out = subprocess.run(["readelf", "-d", library], check=True, capture_output=True,
+                             text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
 def main():
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
@@ -56,7 +68,10 @@ def main():
         print("check_exports: %s is declared in %s but not exported" % (n, header))
     for n in extra:
         print("check_exports: %s is exported but not declared in %s" % (n, header))
-    if unmarked or missing or extra:
+    nccl = [n for n in needed_libraries(library) if n.startswith("libnccl")]
+    for n in nccl:
+        print("check_exports: %s links %s (NCCL must be opened at run time)" % (library, n))
+    if unmarked or missing or extra or nccl:
         sys.exit(1)
     print("check_exports: %s exports the %d functions of %s, nothing else"
           % (library, len(functions), header))

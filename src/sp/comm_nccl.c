@@ -19,14 +19,14 @@
 #include <pthread.h>
 
 /* The NCCL functions fmha calls, from libnccl.so.2. */
-#define FMHA_NCCL_FUNCTIONS(X)                                                                  \
-    X(ncclGetErrorString, const char *, (ncclResult_t))                                         \
-    X(ncclGroupStart, ncclResult_t, (void))                                                     \
-    X(ncclGroupEnd, ncclResult_t, (void))                                                       \
-    X(ncclSend, ncclResult_t, (const void *, size_t, ncclDataType_t, int, ncclComm_t,          \
-                               cudaStream_t))                                                   \
+#define FMHA_NCCL_FUNCTIONS(X)                                                                 \
+    X(ncclGetErrorString, const char *, (ncclResult_t))                                        \
+    X(ncclGroupStart, ncclResult_t, (void))                                                    \
+    X(ncclGroupEnd, ncclResult_t, (void))                                                      \
+    X(ncclSend, ncclResult_t,                                                                  \
+      (const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))                   \
     X(ncclRecv, ncclResult_t, (void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t)) \
-    X(ncclCommUserRank, ncclResult_t, (const ncclComm_t, int *))                                \
+    X(ncclCommUserRank, ncclResult_t, (const ncclComm_t, int *))                               \
     X(ncclCommCount, ncclResult_t, (const ncclComm_t, int *))
 
 static struct {
@@ -46,10 +46,12 @@ static void nccl_load(void)
         snprintf(nccl.error, sizeof nccl.error, "%s", why ? why : "dlopen failed");
         return;
     }
-#define FMHA_NCCL_RESOLVE(name, ret, args)                                                      \
-    if (!nccl.error[0] && !(*(void **)&nccl.name = dlsym(lib, #name)))                          \
-        snprintf(nccl.error, sizeof nccl.error, "libnccl.so.2 has no %s (NCCL 2.7 or later "    \
-                 "is needed)", #name);
+#define FMHA_NCCL_RESOLVE(name, ret, args)                             \
+    if (!nccl.error[0] && !(*(void **)&nccl.name = dlsym(lib, #name))) \
+        snprintf(nccl.error, sizeof nccl.error,                        \
+                 "libnccl.so.2 has no %s (NCCL 2.7 or later "          \
+                 "is needed)",                                         \
+                 #name);
     FMHA_NCCL_FUNCTIONS(FMHA_NCCL_RESOLVE)
 #undef FMHA_NCCL_RESOLVE
     /* lib stays open: the functions are used for the life of the process */

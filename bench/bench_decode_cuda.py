@@ -77,7 +77,7 @@ def kernel_us(fn, iters):
     return total / iters
 
 
-def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters):
+def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
     q = torch.randn(batch, 1, heads, d, device="cuda", dtype=bf, generator=g)
@@ -100,8 +100,20 @@ def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters):
         kc, vc = k.transpose(1, 2), v.transpose(1, 2)
     out = torch.empty(batch, 1, heads, d, device="cuda", dtype=bf)
 
-    def fmha_call():
-        layer.decode(q, kc, vc, cache_seqlens=lens, block_table=table, out=out)
+    def fmha_call(splits=0):
+        layer.decode(q, kc, vc, cache_seqlens=lens, block_table=table, out=out, num_splits=splits)
+
+    if sweep:  # fmha's kernel time for each (environment setting, num_splits) of the sweep
+        times = []
+        for env in sweep[0]:
+            var, _, val = env.partition("=")
+            if var:
+                os.environ[var] = val
+            times.append([kernel_us(lambda: fmha_call(n), iters) for n in sweep[1]])
+            if var:
+                del os.environ[var]
+        del k, v, kc, vc, q, out
+        return times
 
     qt = q.transpose(1, 2)
 
@@ -124,6 +136,12 @@ def main():
     ap.add_argument("--lib", help="libfmha.so to load (default: the package's)")
     ap.add_argument("--quick", action="store_true", help="a few shapes")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--sweep", metavar="SPLITS",
+                    help="tuning: fmha's kernel time alone for each num_splits in the comma list "
+                         "(0: the plan's choice), under each --sweep-env setting")
+    ap.add_argument("--sweep-env", default="", metavar="VAR=V,...",
+                    help="with --sweep: environment settings to time under, ';'-separated "
+                         "('' : as set)")
     results_md.add_arguments(ap, HEADINGS)
     opt = ap.parse_args()
     if opt.lib:
@@ -144,6 +162,19 @@ def main():
                     shapes.append(("llama3-8b", batch, 32, 8, 128, cache, page))
     shapes += [("mqa", 16, 32, 1, 128, 8192, 0), ("hd64", 16, 32, 8, 64, 8192, 0),
                ("hd256", 16, 16, 4, 256, 8192, 0)]
+    if opt.sweep:
+        splits = [int(x) for x in opt.sweep.split(",")]
+        envs = opt.sweep_env.split(";")
+        print("# kernel µs; columns: num_splits " + " ".join(map(str, splits)) + "; rows: " +
+              " | ".join(e or "(as set)" for e in envs))
+        for name, b, h, hk, d, cache, page in shapes:
+            if 2 * b * cache * hk * d * 2 > (PAGED_KV_BYTES_MAX if page else KV_BYTES_MAX):
+                continue
+            for env, times in zip(envs, run(fmha, name, b, h, hk, d, cache, page, opt.iters,
+                                             (envs, splits))):
+                print(f"{name} b{b} {h}/{hk} d{d} {cache} p{page or '-'} {env or '-'}: " +
+                      " ".join(f"{x:.1f}" for x in times), flush=True)
+        return
     rows = []
     for name, b, h, hk, d, cache, page in shapes:
         if 2 * b * cache * hk * d * 2 > (PAGED_KV_BYTES_MAX if page else KV_BYTES_MAX):

@@ -5,17 +5,19 @@
  * Decode reads every cached key and value once and does little arithmetic
  * on them, so the kernel is built to keep memory busy:
  *   - GQA packing: a block owns 16 query rows of one KV head (the head's
- *     group of query heads times the new queries), so each K/V byte is
- *     read once for all of them;
+ *     group of query heads times the new queries; 32 where a head has more
+ *     than 16), so each K/V byte is read once for all of them;
  *   - split keys (flash-decoding): a sequence's keys are cut into `splits`
  *     ranges run by separate blocks, chosen so that the blocks fill the
  *     device; each writes its normalised partial output and LSE, and a
  *     second launch merges them by their LSEs;
  *   - inside a block, K/V tiles of KT keys stream through a three-stage
- *     cp.async ring (rows looked up through the page table one by one,
- *     so any page size works), and the four warps take a quarter of each
- *     tile each, with their own online softmax; the warps' results merge
- *     through shared memory at the end.
+ *     cp.async ring; a paged cache's rows are looked up through the block
+ *     table one by one (any page size works), a tile ahead of their loads;
+ *     four warps take a quarter of each tile each (per row tile, and for
+ *     D = 256 two warps per quarter, each P.V over half the columns), with
+ *     their own online softmax; the warps' results merge through shared
+ *     memory at the end.
  * S = Q K^T and O += P V run on mma.sync m16n8k16 (f32 accumulate) as in
  * cuda_flash.cu. The new keys and values enter the caches first
  * (kv_append, rotated where rotary is on), on the same stream. */
@@ -24,6 +26,7 @@
 #include "../alloc.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace
@@ -43,7 +46,7 @@ struct dec_params {
     int64_t page_stride;
     int page_size;
     int64_t capacity, seqlen_new;
-    int batch, heads, kv_heads, group, sq, rows, row_tiles;
+    int batch, heads, kv_heads, group, sq, rows, row_blocks; /* row blocks: of 16 x RT rows */
     int d, dv;
     float scale_log2, softcap_in, softcap_out;
     int causal;
@@ -51,19 +54,31 @@ struct dec_params {
     int out_dtype;
     int aligned; /* caches' and q's rows in 16-byte chunks */
     int splits;
-    int64_t split_keys;       /* keys of a split, a multiple of the tile */
+    int l2_prefetch;    /* tuning: FMHA_CUDA_DECODE_L2PF=128|256, the loads' L2 prefetch size */
+    int64_t split_keys; /* keys of a split, a multiple of the tile */
     float *part_o, *part_lse; /* splits > 1: [split][batch][heads][sq][dv], [split][...] */
 };
 
-template <int D> struct dtile {
-    static constexpr int WARPS = 4, THREADS = 128, STAGES = 3;
-    static constexpr int KT = 64;         /* keys per stage */
-    static constexpr int BN = KT / WARPS; /* keys per warp per stage */
-    static constexpr int DS = D + 8;      /* shared row stride (ldmatrix conflict-free) */
+/* A block: RT tiles of 16 rows (RT = 2 where a KV head has more than 16
+ * rows: a large GQA group or MQA, so two row tiles share each K/V tile),
+ * four key quarters per row tile, and for D = 256 two warps per quarter
+ * (each P.V over half the columns: twice the warps at the same shared
+ * memory, half the accumulators each). */
+template <int D, int RT> struct dtile {
+    static constexpr int KQ = 4, DSPLIT = D >= 256 ? 2 : 1;
+    static constexpr int WARPS = KQ * DSPLIT * RT, THREADS = 32 * WARPS, STAGES = 3;
+    static constexpr int MINB =
+        D <= 128 ? 2 : 1;              /* blocks per multiprocessor the registers allow */
+    static constexpr int KT = 64;      /* keys per stage */
+    static constexpr int BN = KT / KQ; /* keys of a key quarter */
+    static constexpr int DS = D + 8;   /* shared row stride (ldmatrix conflict-free) */
+    static constexpr int CH = D / 8;   /* 16-byte chunks of a row */
+    static constexpr int KPT = KT * CH / THREADS; /* keys a thread loads chunks of per stage */
+    static_assert(KT * CH % THREADS == 0, "a stage's chunks divide among the threads");
     static constexpr size_t STAGE = (size_t)2 * KT * DS * 2;
-    static constexpr size_t MERGE = (size_t)WARPS * 16 * (D + 2) * 4;
+    static constexpr size_t MERGE = (size_t)RT * KQ * 16 * (D + 2) * 4;
     static constexpr size_t SMEM =
-        (size_t)16 * DS * 2 + (STAGES * STAGE > MERGE ? STAGES * STAGE : MERGE);
+        (size_t)16 * RT * DS * 2 + (STAGES * STAGE > MERGE ? STAGES * STAGE : MERGE);
 };
 
 __device__ __forceinline__ int64_t seq_keys(const dec_params &p, int b)
@@ -71,42 +86,87 @@ __device__ __forceinline__ int64_t seq_keys(const dec_params &p, int b)
     return (p.cache_seqlens ? p.cache_seqlens[b] : p.capacity) + p.seqlen_new;
 }
 
+/* Page and slot of key j of sequence b in a paged cache (32-bit division
+ * where the key index allows). */
+__device__ __forceinline__ void page_slot(const dec_params &p, int b, int64_t j, int32_t *page,
+                                          int32_t *slot)
+{
+    const int64_t pi =
+        j <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)p.page_size) : j / p.page_size;
+    *page = __ldg(p.page_table + b * p.page_stride + pi);
+    *slot = (int32_t)(j - pi * p.page_size);
+}
+
 /* Element offset of key j's row of KV head hk in a cache of strides (sb, ss, sh). */
 __device__ __forceinline__ int64_t cache_row(const dec_params &p, int b, int64_t j, int hk,
                                              int64_t sb, int64_t ss, int64_t sh)
 {
     if (p.page_table) {
-        /* 32-bit division where the key index allows (all but > 2^32 keys) */
-        const int64_t pi =
-            j <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)p.page_size) : j / p.page_size;
-        const int64_t page = p.page_table[b * p.page_stride + pi];
-        return page * sb + (j - pi * p.page_size) * ss + hk * sh;
+        int32_t page, slot;
+        page_slot(p, b, j, &page, &slot);
+        return page * sb + slot * ss + hk * sh;
     }
     return (int64_t)(p.kv_batch ? p.kv_batch[b] : b) * sb + j * ss + hk * sh;
 }
 
-/* Keys [n0, n0 + KT) of sequence b (those below n_end) into a stage: K rows
- * at sK, V rows at sV, zero past n_end and past each head dim. */
-template <int D, typename T>
-__device__ __forceinline__ void load_stage(const dec_params &p, T *sK, T *sV, int b, int hk,
-                                           int64_t n0, int64_t n_end)
+/* The pages and slots of the keys a thread loads in a stage, looked up a
+ * stage ahead so that the block table's latency hides behind a tile. */
+template <int D, int RT> struct key_pages {
+    int32_t page[dtile<D, RT>::KPT], slot[dtile<D, RT>::KPT];
+};
+
+template <int D, int RT>
+__device__ __forceinline__ void tile_pages(const dec_params &p, int b, int64_t n0, int64_t n_end,
+                                           key_pages<D, RT> &kp)
 {
-    constexpr int KT = dtile<D>::KT, DS = dtile<D>::DS, THREADS = dtile<D>::THREADS, CH = D / 8;
+    constexpr int CH = dtile<D, RT>::CH, THREADS = dtile<D, RT>::THREADS;
+#pragma unroll
+    for (int i = 0; i < dtile<D, RT>::KPT; i++) {
+        const int64_t j = n0 + (threadIdx.x + i * THREADS) / CH;
+        kp.page[i] = kp.slot[i] = 0;
+        if (j < n_end)
+            page_slot(p, b, j, &kp.page[i], &kp.slot[i]);
+    }
+}
+
+/* Keys [n0, n0 + KT) of sequence b (those below n_end) into a stage: K rows
+ * at sK, V rows at sV, zero past n_end and past each head dim. kbase and
+ * vbase: the offsets of KV head hk's row 0 (contiguous: in the sequence's
+ * cache; paged: in page 0); kp: the keys' pages (paged caches). */
+template <int D, int RT, typename T>
+__device__ __forceinline__ void load_stage(const dec_params &p, T *sK, T *sV, int b, int hk,
+                                           int64_t kbase, int64_t vbase, int64_t n0, int64_t n_end,
+                                           const key_pages<D, RT> &kp)
+{
+    constexpr int KT = dtile<D, RT>::KT, DS = dtile<D, RT>::DS, THREADS = dtile<D, RT>::THREADS;
+    constexpr int CH = dtile<D, RT>::CH;
     const T *kc = (const T *)p.kc, *vc = (const T *)p.vc;
     if (p.aligned) {
-        for (int c = threadIdx.x; c < KT * CH; c += THREADS) {
-            const int key = c / CH, ch = c % CH;
-            const bool live = n0 + key < n_end;
-            int64_t ko = 0, vo = 0;
-            if (live) {
-                ko = cache_row(p, b, n0 + key, hk, p.k_sb, p.k_ss, p.k_sh);
-                vo = cache_row(p, b, n0 + key, hk, p.v_sb, p.v_ss, p.v_sh);
+#pragma unroll
+        for (int i = 0; i < dtile<D, RT>::KPT; i++) {
+            const int c = threadIdx.x + i * THREADS, key = c / CH, ch = c % CH;
+            const int64_t j = n0 + key;
+            const bool live = j < n_end;
+            int64_t ko = kbase + j * p.k_ss, vo = vbase + j * p.v_ss;
+            if (p.page_table) {
+                ko = kbase + kp.page[i] * p.k_sb + kp.slot[i] * p.k_ss;
+                vo = vbase + kp.page[i] * p.v_sb + kp.slot[i] * p.v_ss;
             }
             const bool kl = live && ch * 8 < p.d, vl = live && ch * 8 < p.dv;
-            cp_async16(smem_u32(sK + key * DS + ch * 8), kl ? (const void *)(kc + ko + ch * 8) : kc,
-                       kl ? 16 : 0);
-            cp_async16(smem_u32(sV + key * DS + ch * 8), vl ? (const void *)(vc + vo + ch * 8) : vc,
-                       vl ? 16 : 0);
+            const uint32_t dk = smem_u32(sK + key * DS + ch * 8),
+                           dv = smem_u32(sV + key * DS + ch * 8);
+            const void *sk = kl ? (const void *)(kc + ko + ch * 8) : kc;
+            const void *sv = vl ? (const void *)(vc + vo + ch * 8) : vc;
+            if (p.l2_prefetch == 256) {
+                cp_async16_pf<256>(dk, sk, kl ? 16 : 0);
+                cp_async16_pf<256>(dv, sv, vl ? 16 : 0);
+            } else if (p.l2_prefetch == 128) {
+                cp_async16_pf<128>(dk, sk, kl ? 16 : 0);
+                cp_async16_pf<128>(dv, sv, vl ? 16 : 0);
+            } else {
+                cp_async16(dk, sk, kl ? 16 : 0);
+                cp_async16(dv, sv, vl ? 16 : 0);
+            }
         }
     } else { /* rows not in 16-byte chunks: element by element (correct, slower) */
         for (int e = threadIdx.x; e < KT * D; e += THREADS) {
@@ -139,26 +199,30 @@ __device__ __forceinline__ float rotated(const T *src, int c, int rotary_dim, in
     return c == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
 }
 
-/* One block: 16 rows of (sequence b, KV head hk), keys of one split. Grid:
- * x = (b * kv_heads + hk) * row_tiles + row tile, y = split. */
-template <int D, bool BF16>
-__global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_params p)
+/* One block: RT x 16 rows of (sequence b, KV head hk), keys of one split.
+ * Grid: x = (b * kv_heads + hk) * row_blocks + row block, y = split. */
+template <int D, bool BF16, int RT>
+__global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
+    decode_kernel(const dec_params p)
 {
     typedef typename elem<BF16>::T T;
-    constexpr int KT = dtile<D>::KT, BN = dtile<D>::BN, DS = dtile<D>::DS;
-    constexpr int STAGES = dtile<D>::STAGES, WARPS = dtile<D>::WARPS, THREADS = dtile<D>::THREADS;
+    typedef dtile<D, RT> G;
+    constexpr int KT = G::KT, BN = G::BN, DS = G::DS, STAGES = G::STAGES, KQ = G::KQ;
+    constexpr int DW = D / G::DSPLIT; /* columns of a warp's P.V */
     extern __shared__ __align__(16) unsigned char smem[];
-    T *sQ = (T *)smem;        /* [16][DS] */
-    T *sKV = sQ + 16 * DS;    /* STAGES x ([KT][DS] K, [KT][DS] V) */
-    float *sM = (float *)sKV; /* after the loop: [WARPS][16] max, sum, then [WARPS][16][D] o */
-    float *sL = sM + WARPS * 16, *sO = sL + WARPS * 16;
+    T *sQ = (T *)smem;          /* [16 * RT][DS] */
+    T *sKV = sQ + 16 * RT * DS; /* STAGES x ([KT][DS] K, [KT][DS] V) */
+    float *sM = (float *)sKV;   /* after the loop: [RT][KQ][16] max, sum, then [RT][KQ][16][D] o */
+    float *sL = sM + RT * KQ * 16, *sO = sL + RT * KQ * 16;
 
-    const int rt = blockIdx.x % p.row_tiles;
-    const int hk = (blockIdx.x / p.row_tiles) % p.kv_heads;
-    const int b = blockIdx.x / p.row_tiles / p.kv_heads;
+    const int rb = blockIdx.x % p.row_blocks;
+    const int hk = (blockIdx.x / p.row_blocks) % p.kv_heads;
+    const int b = blockIdx.x / p.row_blocks / p.kv_heads;
     const int split = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r0 = rt * 16, rows = min(16, p.rows - r0);
+    const int kq = warp % KQ, dh = warp / KQ % G::DSPLIT, rl = warp / (KQ * G::DSPLIT);
+    const int r0 = rb * 16 * RT, rows = min(16 * RT, p.rows - r0);
+    const int wr0 = r0 + rl * 16, wrows = min(16, p.rows - wr0); /* this warp's row tile */
     const int64_t sk = seq_keys(p, b);
 
     /* The keys any row of the block sees, and this split's part of them. */
@@ -171,15 +235,15 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
     const int64_t n_end = min64(hi_last, n_begin + p.split_keys);
     const int ntiles = n_end > n_begin ? (int)((n_end - n_begin + KT - 1) / KT) : 0;
 
-    /* This thread's two rows (lane / 4 and lane / 4 + 8): their visible keys
-     * within the split. */
+    /* This thread's two rows (lane / 4 and lane / 4 + 8 of its row tile):
+     * their visible keys within the split. */
     int64_t lo[2], hi[2];
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
         const int r = lane / 4 + rh * 8;
         lo[rh] = hi[rh] = 0;
-        if (r < rows) {
-            fmha_mask_range(p.causal, p.window_left, p.window_right, (r0 + r) / p.group, p.sq, sk,
+        if (r < wrows) {
+            fmha_mask_range(p.causal, p.window_left, p.window_right, (wr0 + r) / p.group, p.sq, sk,
                             &lo[rh], &hi[rh]);
             lo[rh] = max64(lo[rh], n_begin);
             hi[rh] = max64(lo[rh], min64(hi[rh], n_end));
@@ -188,7 +252,7 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
 
     /* Q: row r is q[b, i, hk * group + g]. */
     const T *q = (const T *)p.q;
-    for (int e = threadIdx.x; e < 16 * D; e += THREADS) {
+    for (int e = threadIdx.x; e < 16 * RT * D; e += G::THREADS) {
         const int r = e / D, c = e % D;
         T x = T(0.0f);
         if (r < rows && c < p.d) {
@@ -199,17 +263,28 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
         sQ[r * DS + c] = x;
     }
 
+    int64_t kbase = (int64_t)hk * p.k_sh, vbase = (int64_t)hk * p.v_sh;
+    if (!p.page_table) {
+        const int64_t row = p.kv_batch ? p.kv_batch[b] : b;
+        kbase += row * p.k_sb;
+        vbase += row * p.v_sb;
+    }
+    key_pages<D, RT> kp;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < ntiles)
-            load_stage<D>(p, sKV + s * 2 * KT * DS, sKV + s * 2 * KT * DS + KT * DS, b, hk,
-                          n_begin + (int64_t)s * KT, n_end);
+        if (s < ntiles) {
+            tile_pages(p, b, n_begin + (int64_t)s * KT, n_end, kp);
+            load_stage<D, RT>(p, sKV + s * 2 * KT * DS, sKV + s * 2 * KT * DS + KT * DS, b, hk,
+                              kbase, vbase, n_begin + (int64_t)s * KT, n_end, kp);
+        }
         cp_async_commit();
     }
+    if (STAGES - 1 < ntiles)
+        tile_pages(p, b, n_begin + (int64_t)(STAGES - 1) * KT, n_end, kp);
 
-    float o[D / 8][4];
+    float o[DW / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
+    for (int i = 0; i < DW / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_row[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
 
@@ -218,14 +293,20 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
         __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
         {
             const int tn = t + STAGES - 1, st = tn % STAGES;
-            if (tn < ntiles)
-                load_stage<D>(p, sKV + st * 2 * KT * DS, sKV + st * 2 * KT * DS + KT * DS, b, hk,
-                              n_begin + (int64_t)tn * KT, n_end);
+            if (tn < ntiles) {
+                load_stage<D, RT>(p, sKV + st * 2 * KT * DS, sKV + st * 2 * KT * DS + KT * DS, b,
+                                  hk, kbase, vbase, n_begin + (int64_t)tn * KT, n_end, kp);
+                if (tn + 1 < ntiles)
+                    tile_pages(p, b, n_begin + (int64_t)(tn + 1) * KT, n_end, kp);
+            }
             cp_async_commit();
         }
-        const T *cK = sKV + (t % STAGES) * 2 * KT * DS + warp * BN * DS;
+        if (wrows <= 0)
+            continue; /* the last row block's second tile may hold no rows */
+        const T *cK = sKV + (t % STAGES) * 2 * KT * DS + kq * BN * DS;
         const T *cV = cK + KT * DS;
-        const int64_t n0 = n_begin + (int64_t)t * KT + warp * BN;
+        const T *wQ = sQ + rl * 16 * DS;
+        const int64_t n0 = n_begin + (int64_t)t * KT + kq * BN;
 
         float s[BN / 8][4];
 #pragma unroll
@@ -234,7 +315,7 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             uint32_t a[4];
-            ldmatrix_x4(a, smem_u32(sQ + (lane % 16) * DS + kk * 16 + (lane / 16) * 8));
+            ldmatrix_x4(a, smem_u32(wQ + (lane % 16) * DS + kk * 16 + (lane / 16) * 8));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t bk[4];
@@ -279,12 +360,12 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
             l_row[rh] = l_row[rh] * alpha + sum;
             m_row[rh] = mx;
 #pragma unroll
-            for (int i = 0; i < D / 8; i++) {
+            for (int i = 0; i < DW / 8; i++) {
                 o[i][2 * rh] *= alpha;
                 o[i][2 * rh + 1] *= alpha;
             }
         }
-        /* O += P V, P from S's accumulators. */
+        /* O += P V over this warp's columns, P from S's accumulators. */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[4];
@@ -293,11 +374,11 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
             pa[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
+            for (int dp = 0; dp < DW / 16; dp++) {
                 uint32_t bv[4];
                 ldmatrix_x4_trans(bv,
                                   smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
-                                           dp * 16 + (lane / 16) * 8));
+                                           dh * DW + dp * 16 + (lane / 16) * 8));
                 mma<BF16>(o[2 * dp], pa, bv[0], bv[1]);
                 mma<BF16>(o[2 * dp + 1], pa, bv[2], bv[3]);
             }
@@ -306,41 +387,43 @@ __global__ void __launch_bounds__(dtile<D>::THREADS) decode_kernel(const dec_par
     cp_async_wait<0>();
     __syncthreads(); /* the stages are free: the warps' results go there */
 
+    const int wq = rl * KQ + kq; /* this warp's (row tile, key quarter) */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
         float l = l_row[rh];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int r = lane / 4 + rh * 8;
-        if (lane % 4 == 0) {
-            sM[warp * 16 + r] = m_row[rh];
-            sL[warp * 16 + r] = l;
+        if (lane % 4 == 0 && dh == 0) {
+            sM[wq * 16 + r] = m_row[rh];
+            sL[wq * 16 + r] = l;
         }
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
+        for (int j = 0; j < DW / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++)
-                sO[(warp * 16 + r) * D + j * 8 + (lane % 4) * 2 + e] = o[j][2 * rh + e];
+                sO[(wq * 16 + r) * D + dh * DW + j * 8 + (lane % 4) * 2 + e] = o[j][2 * rh + e];
     }
     __syncthreads();
 
-    /* Merge the warps (each saw its own quarter of every tile) and store:
-     * the output itself, or this split's normalised part and LSE. */
-    for (int e = threadIdx.x; e < 16 * D; e += THREADS) {
+    /* Merge each row tile's key quarters and store: the output itself, or
+     * this split's normalised part and LSE. */
+    for (int e = threadIdx.x; e < 16 * RT * D; e += G::THREADS) {
         const int r = e / D, c = e % D;
         if (r >= rows || c >= p.dv)
             continue;
+        const int m0 = (r / 16) * KQ * 16 + r % 16; /* row r of key quarter 0 */
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++)
-            mx = fmaxf(mx, sM[w * 16 + r]);
+        for (int w = 0; w < KQ; w++)
+            mx = fmaxf(mx, sM[m0 + w * 16]);
         const float base = mx == -INFINITY ? 0.0f : mx;
         float l = 0.0f, x = 0.0f;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) {
-            const float f = exp2_approx(sM[w * 16 + r] - base);
-            l += sL[w * 16 + r] * f;
-            x += sO[(w * 16 + r) * D + c] * f;
+        for (int w = 0; w < KQ; w++) {
+            const float f = exp2_approx(sM[m0 + w * 16] - base);
+            l += sL[m0 + w * 16] * f;
+            x += sO[(m0 + w * 16) * D + c] * f;
         }
         const int pr = r0 + r, i = pr / p.group, h = hk * p.group + pr % p.group;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -469,7 +552,6 @@ void fill_params(const fmha_problem *pb, dec_params *p)
     p->group = (int)pb->group;
     p->sq = (int)pb->max_sq;
     p->rows = p->group * p->sq;
-    p->row_tiles = (p->rows + 15) / 16;
     p->d = (int)pb->d;
     p->dv = (int)pb->dv;
     const double log2e = 1.4426950408889634;
@@ -515,11 +597,12 @@ int choose_splits(int64_t blocks, int64_t slots, int64_t max_keys, int kt, int64
     return best;
 }
 
-template <int D, bool BF16>
+template <int D, bool BF16, int RT>
 fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cudaStream_t stream)
 {
-    const size_t smem = dtile<D>::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(decode_kernel<D, BF16>,
+    typedef dtile<D, RT> G;
+    const size_t smem = G::SMEM;
+    cudaError_t err = cudaFuncSetAttribute(decode_kernel<D, BF16, RT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int dev = 0, sms = 1, per_sm = 1;
     if (err == cudaSuccess)
@@ -527,22 +610,25 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
     if (err == cudaSuccess)
         err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err == cudaSuccess)
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<D, BF16>,
-                                                            dtile<D>::THREADS, smem);
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<D, BF16, RT>,
+                                                            G::THREADS, smem);
     if (err != cudaSuccess)
         return cuda_error(err, "preparing the decode kernel");
-    const int64_t blocks = (int64_t)p.batch * p.kv_heads * p.row_tiles;
+    p.row_blocks = (p.rows + 16 * RT - 1) / (16 * RT);
+    const char *pf = getenv("FMHA_CUDA_DECODE_L2PF");
+    p.l2_prefetch = pf ? atoi(pf) : 0;
+    const int64_t blocks = (int64_t)p.batch * p.kv_heads * p.row_blocks;
     if (blocks > INT32_MAX)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "batch x kv heads x row tiles (%lld) exceeds the grid: split the "
+                              "batch x kv heads x row blocks (%lld) exceeds the grid: split the "
                               "batch into calls",
                               (long long)blocks);
-    p.splits = choose_splits(blocks, (int64_t)sms * (per_sm > 0 ? per_sm : 1), pb->max_sk,
-                             dtile<D>::KT, pb->num_splits);
-    const int64_t tiles = (pb->max_sk + dtile<D>::KT - 1) / dtile<D>::KT;
-    p.split_keys = ((tiles + p.splits - 1) / p.splits) * dtile<D>::KT;
+    p.splits = choose_splits(blocks, (int64_t)sms * (per_sm > 0 ? per_sm : 1), pb->max_sk, G::KT,
+                             pb->num_splits);
+    const int64_t tiles = (pb->max_sk + G::KT - 1) / G::KT;
+    p.split_keys = ((tiles + p.splits - 1) / p.splits) * G::KT;
     if (p.split_keys == 0)
-        p.split_keys = dtile<D>::KT;
+        p.split_keys = G::KT;
     if (p.splits > 1) {
         const int64_t nrows = pb->batch * pb->heads * pb->max_sq;
         const size_t bytes = (size_t)p.splits * (size_t)nrows * (size_t)(pb->dv + 1) * 4;
@@ -559,13 +645,24 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
         p.part_lse = p.part_o + (size_t)p.splits * (size_t)nrows * (size_t)pb->dv;
     }
     dim3 grid((unsigned)blocks, (unsigned)p.splits);
-    decode_kernel<D, BF16><<<grid, dtile<D>::THREADS, smem, stream>>>(p);
+    decode_kernel<D, BF16, RT><<<grid, G::THREADS, smem, stream>>>(p);
     if (p.splits > 1 && (err = cudaGetLastError()) == cudaSuccess) {
         const int64_t nrows = pb->batch * pb->heads * pb->max_sq;
         merge_splits<<<(unsigned)((nrows + 3) / 4), 128, 0, stream>>>(p);
     }
     err = cudaGetLastError();
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the decode kernel launch");
+}
+
+/* Two row tiles per block where a KV head has more than 16 rows (head dims
+ * to 128: above, the block's accumulators would not fit its registers). */
+template <int D, bool BF16>
+fmha_status launch_rows(dec_params &p, const fmha_problem *pb, fmha_workspace *ws,
+                        cudaStream_t stream)
+{
+    if (D <= 128 && p.rows > 16)
+        return launch < D, BF16, D <= 128 ? 2 : 1 > (p, pb, ws, stream);
+    return launch<D, BF16, 1>(p, pb, ws, stream);
 }
 
 } // namespace
@@ -577,12 +674,12 @@ fmha_status decode_variant(fmha_plan *plan)
 {
     const int64_t dmax =
         plan->cfg.head_dim > plan->cfg.head_dim_v ? plan->cfg.head_dim : plan->cfg.head_dim_v;
-#define FMHA_VARIANT(D)              \
-    if (dmax <= D) {                 \
-        plan->head_dim_variant = D;  \
-        plan->tile_m = 16;           \
-        plan->tile_n = dtile<D>::KT; \
-        return FMHA_STATUS_OK;       \
+#define FMHA_VARIANT(D)                 \
+    if (dmax <= D) {                    \
+        plan->head_dim_variant = D;     \
+        plan->tile_m = 16;              \
+        plan->tile_n = dtile<D, 1>::KT; \
+        return FMHA_STATUS_OK;          \
     }
     FMHA_CUDA_HEAD_DIMS(FMHA_VARIANT)
 #undef FMHA_VARIANT
@@ -598,9 +695,10 @@ fmha_status decode_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_w
     const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
     fmha_status st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no decode variant for head dim %d",
                                     plan->head_dim_variant);
-#define FMHA_LAUNCH(D)               \
-    if (plan->head_dim_variant == D) \
-        st = bf16 ? launch<D, true>(p, pb, ws, stream) : launch<D, false>(p, pb, ws, stream);
+#define FMHA_LAUNCH(D)                                      \
+    if (plan->head_dim_variant == D)                        \
+        st = bf16 ? launch_rows<D, true>(p, pb, ws, stream) \
+                  : launch_rows<D, false>(p, pb, ws, stream);
     FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
 #undef FMHA_LAUNCH
     return st;

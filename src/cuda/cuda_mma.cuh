@@ -47,6 +47,20 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int by
                  "r"(bytes));
 }
 
+/* cp_async16 with an L2 prefetch of the 128 or 256 bytes around src (PF). */
+template <int PF>
+__device__ __forceinline__ void cp_async16_pf(uint32_t dst, const void *src, int bytes)
+{
+    if (PF == 256)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                     "l"(src), "r"(bytes));
+    else if (PF == 128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                     "l"(src), "r"(bytes));
+    else
+        cp_async16(dst, src, bytes);
+}
+
 __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::);

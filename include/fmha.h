@@ -675,7 +675,24 @@ FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_f
  * up to 256; validation reads cache_seqlens, cache_batch_idx and the block
  * table on the host, through one synchronous copy on `stream` per call (so
  * a decode call waits for the stream's earlier work before it queues its
- * own). */
+ * own).
+ *
+ * FP8 caches: k_cache and v_cache may both be f8_e4m3 while q, k_new, v_new
+ * are the layer's f16/bf16/f32 (cfg.dtype): cache element x stands for
+ * fmha_e4m3_to_f32(x) * descale, the descales (k_descale, v_descale, both
+ * required) laid out as kv_descale_layout says. New keys and values enter
+ * such a cache as fmha_f32_to_e4m3(value / descale) (rotated first; above
+ * ±448 x descale they saturate), with the descale of the row they land in:
+ * a caller that wants fresh pages scaled afresh writes their descales before
+ * the call. On the CPU every descale must be finite and > 0 (checked); on
+ * CUDA they stay in device memory, unread by the host. */
+typedef enum fmha_kv_descale_layout {
+    FMHA_KV_DESCALE_PER_TENSOR = 0, /* k_descale[1], v_descale[1] */
+    FMHA_KV_DESCALE_PER_HEAD,       /* [num_kv_heads] */
+    FMHA_KV_DESCALE_PER_PAGE        /* [k_cache.batch, num_kv_heads]: per page of a paged cache,
+                                       per cache row of a contiguous one, and KV head */
+} fmha_kv_descale_layout;
+
 typedef struct fmha_kvcache_args {
     fmha_tensor q;
     fmha_tensor k_cache, v_cache;
@@ -694,6 +711,8 @@ typedef struct fmha_kvcache_args {
                            fmha from the shape and the threads (CPU) or the
                            multiprocessors (CUDA), 1 = no split */
     void *stream;
+    const float *k_descale, *v_descale; /* f8_e4m3 caches only (both required); NULL otherwise */
+    fmha_kv_descale_layout kv_descale_layout;
 } fmha_kvcache_args;
 
 /* Runs one decode call on a layer (its heads, head dims, dtype, scale, masks

@@ -37,7 +37,8 @@ typedef struct fmha_problem {
     const int32_t *kv_batch;      /* contiguous caches: [batch] the cache row of each sequence */
     const int32_t *page_table;    /* paged caches: [batch][page_stride] */
     int64_t page_stride, page_size;
-    int64_t num_splits; /* key splits asked for (0: the backend chooses) */
+    fmha_kv_descale_layout kv_descale_layout; /* FP8 caches' descales (args.descale_k/v) */
+    int64_t num_splits;                       /* key splits asked for (0: the backend chooses) */
     /* The call's own arguments, whose arrays (cache_seqlens, cache_batch_idx,
      * block_table, rotary tables) live in the backend's memory; the
      * pointers above are host copies of them where the device is not the
@@ -97,6 +98,18 @@ static inline float fmha_row_descale(const fmha_problem *pb, int which, int64_t 
     const float *d = which == 0 ? a->descale_q : which == 1 ? a->descale_k : a->descale_v;
     if (!d)
         return 1.0f;
+    if (pb->kv_cache) /* an FP8 cache's (fmha_kv_descale_layout); s is the key's index */
+        switch (pb->kv_descale_layout) {
+        case FMHA_KV_DESCALE_PER_HEAD: return d[h];
+        case FMHA_KV_DESCALE_PER_PAGE: {
+            const int64_t row = pb->page_table
+                                    ? pb->page_table[b * pb->page_stride + s / pb->page_size]
+                                : pb->kv_batch ? pb->kv_batch[b]
+                                               : b;
+            return d[row * pb->kv_heads + h];
+        }
+        default: return d[0];
+        }
     switch (a->descale_layout) {
     case FMHA_DESCALE_PER_KV_HEAD: return d[b * pb->kv_heads + (which == 0 ? h / pb->group : h)];
     case FMHA_DESCALE_PER_BLOCK: {

@@ -145,19 +145,31 @@ fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_forward_ar
     return scratch ? attention(cfg, &pb, NULL, scratch, threads) : FMHA_STATUS_OUT_OF_MEMORY;
 }
 
+/* Value x (a float) as element c of a cache row: rounded to the cache's
+ * dtype, or for an FP8 cache the code of x / descale (a float division). */
+static void store_cache(char *row, fmha_dtype dtype, int64_t c, float x, float descale)
+{
+    if (dtype == FMHA_DTYPE_F8_E4M3)
+        ((uint8_t *)row)[c] = fmha_f32_to_e4m3(x / descale);
+    else
+        fmha_store_f32(row, dtype, c, x);
+}
+
 /* The new keys and values into the caches: rotated in float64, rounded once
- * to the cache's dtype. */
+ * to float, then stored as the cache keeps them (store_cache). */
 static void append(const fmha_problem *pb, const fmha_kvcache_args *kv)
 {
     const int64_t half = kv->rotary_dim / 2;
+    const fmha_tensor *kc = &pb->args->k, *vc = &pb->args->v;
     for (int64_t b = 0; b < pb->batch; b++)
         for (int64_t i = 0; i < pb->seqlen_new; i++) {
             const int64_t pos = fmha_cache_keys(pb, b) - pb->seqlen_new + i;
             for (int64_t h = 0; h < pb->kv_heads; h++) {
                 const char *kn = fmha_row(&kv->k_new, b, i, h);
-                char *kd = fmha_kv_row(pb, &pb->args->k, b, pos, h);
-                for (int64_t c = 0; c < pb->d; c++)
-                    fmha_store_f32(kd, kv->k_new.dtype, c, fmha_load_f32(kn, kv->k_new.dtype, c));
+                char *kd = fmha_kv_row(pb, kc, b, pos, h);
+                const float kds = fmha_row_descale(pb, 1, b, pos, h);
+                for (int64_t c = half ? kv->rotary_dim : 0; c < pb->d; c++)
+                    store_cache(kd, kc->dtype, c, fmha_load_f32(kn, kv->k_new.dtype, c), kds);
                 for (int64_t c = 0; c < half; c++) {
                     int64_t c1, c2;
                     fmha_rotary_pair(kv->rotary_dim, kv->rotary_interleaved, c, &c1, &c2);
@@ -165,12 +177,14 @@ static void append(const fmha_problem *pb, const fmha_kvcache_args *kv)
                     const double x2 = fmha_load_f32(kn, kv->k_new.dtype, c2);
                     const double cs = kv->rotary_cos[pos * half + c];
                     const double sn = kv->rotary_sin[pos * half + c];
-                    fmha_store_f32(kd, kv->k_new.dtype, c1, (float)(x1 * cs - x2 * sn));
-                    fmha_store_f32(kd, kv->k_new.dtype, c2, (float)(x1 * sn + x2 * cs));
+                    store_cache(kd, kc->dtype, c1, (float)(x1 * cs - x2 * sn), kds);
+                    store_cache(kd, kc->dtype, c2, (float)(x1 * sn + x2 * cs), kds);
                 }
                 const char *vn = fmha_row(&kv->v_new, b, i, h);
-                char *vd = fmha_kv_row(pb, &pb->args->v, b, pos, h);
-                memcpy(vd, vn, (size_t)pb->dv * fmha_dtype_size(kv->v_new.dtype));
+                char *vd = fmha_kv_row(pb, vc, b, pos, h);
+                const float vds = fmha_row_descale(pb, 2, b, pos, h);
+                for (int64_t c = 0; c < pb->dv; c++)
+                    store_cache(vd, vc->dtype, c, fmha_load_f32(vn, kv->v_new.dtype, c), vds);
             }
         }
 }

@@ -461,6 +461,19 @@ fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fm
     const fmha_forward_args *a = pb->args;
     *call = *plan;
     const fmha_kernel_desc *k = plan->kernel;
+    if (pb->kv_cache && a->k.dtype == FMHA_DTYPE_F8_E4M3 && !(k->inputs >> a->k.dtype & 1u)) {
+        /* FP8 caches: the kernel that also takes f8_e4m3 rows (the CPU's f32 tables) */
+        fmha_plan f8 = *plan;
+        f8.cfg.dtype = FMHA_DTYPE_F8_E4M3;
+        fmha_status st = choose(&f8, k->role);
+        if (st != FMHA_STATUS_OK)
+            return st;
+        *call = f8;
+        call->cfg.dtype = plan->cfg.dtype;
+        snprintf(call->reason, sizeof call->reason, "%s does not read f8_e4m3 caches: %s",
+                 k->info.name, call->kernel->info.name);
+        k = call->kernel;
+    }
     if (!pb->varlen && !pb->kv_cache && pb->max_sk == 0 && k->info.device != FMHA_DEVICE_CPU)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "seqlen_k 0 (no key for any query) is answered on the CPU only "

@@ -518,6 +518,51 @@ static fmha_status check_cache_layout(const fmha_kvcache_args *a, fmha_problem *
     return FMHA_STATUS_OK;
 }
 
+/* The descales of FP8 caches: both given for f8_e4m3 caches and none for
+ * others, a known layout, and on the CPU (host memory) every entry finite
+ * and > 0. */
+static fmha_status check_cache_descales(const fmha_config *cfg, const fmha_kvcache_args *a,
+                                        const fmha_problem *pb)
+{
+    const float *ds[2] = {a->k_descale, a->v_descale};
+    const char *names[2] = {"k_descale", "v_descale"};
+    if (a->k_cache.dtype != FMHA_DTYPE_F8_E4M3) {
+        for (int i = 0; i < 2; i++)
+            if (ds[i])
+                return INVALID("%s is given, but the caches are %s: descales belong to f8_e4m3 "
+                               "caches only (pass NULL)",
+                               names[i], fmha_dtype_name(a->k_cache.dtype));
+        return FMHA_STATUS_OK;
+    }
+    for (int i = 0; i < 2; i++)
+        if (!ds[i])
+            return INVALID("%s is NULL, but the caches are f8_e4m3: pass the descales their codes "
+                           "were written with (fmha_kv_descale_layout)",
+                           names[i]);
+    int64_t count;
+    switch (a->kv_descale_layout) {
+    case FMHA_KV_DESCALE_PER_TENSOR: count = 1; break;
+    case FMHA_KV_DESCALE_PER_HEAD: count = pb->kv_heads; break;
+    case FMHA_KV_DESCALE_PER_PAGE:
+        if (mul_overflows(a->k_cache.batch, pb->kv_heads, &count))
+            return INVALID("k_cache.batch x num_kv_heads (%lld x %lld) overflows int64",
+                           (long long)a->k_cache.batch, (long long)pb->kv_heads);
+        break;
+    default:
+        return INVALID("kv_descale_layout (%d) is not a fmha_kv_descale_layout value",
+                       (int)a->kv_descale_layout);
+    }
+    if (cfg->device != FMHA_DEVICE_CPU) /* device memory: the kernel reads the values */
+        return FMHA_STATUS_OK;
+    for (int i = 0; i < 2; i++)
+        for (int64_t e = 0; e < count; e++)
+            if (!(isfinite(ds[i][e]) && ds[i][e] > 0.0f))
+                return INVALID("%s[%lld] (%g) must be finite and > 0: a descale multiplies the "
+                               "cache's FP8 codes back to their values",
+                               names[i], (long long)e, (double)ds[i][e]);
+    return FMHA_STATUS_OK;
+}
+
 fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args *a,
                                  fmha_forward_args *fwd, fmha_problem *pb)
 {
@@ -526,7 +571,9 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
         return INVALID("decode args are NULL");
     if (cfg->dtype == FMHA_DTYPE_F8_E4M3)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                              "decode reads f32, f16 or bf16 caches; FP8 caches are not built yet");
+                              "decode takes f32, f16 or bf16 queries (the layer's dtype is "
+                              "f8_e4m3): build the decode layer in q's dtype; its caches may be "
+                              "f8_e4m3 (k_descale, v_descale)");
     if (cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                               "this layer quantizes q, k and v to FP8 on every call (fp8_compute), "
@@ -542,10 +589,16 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     for (int i = 0; i < (has_new ? 6 : 4); i++)
         if ((st = check_tensor(ts[i], names[i], i != 2 && i != 3)) != FMHA_STATUS_OK)
             return st;
+    const int f8 = a->k_cache.dtype == FMHA_DTYPE_F8_E4M3;
     for (int i = 0; i < (has_new ? 6 : 4); i++)
-        if (i != 1 && ts[i]->dtype != cfg->dtype)
-            return INVALID("%s.dtype (%s) differs from the layer's dtype (%s)", names[i],
-                           fmha_dtype_name(ts[i]->dtype), fmha_dtype_name(cfg->dtype));
+        if (i != 1 && ts[i]->dtype != cfg->dtype && !(f8 && (i == 2 || i == 3)))
+            return INVALID("%s.dtype (%s) differs from the layer's dtype (%s)%s", names[i],
+                           fmha_dtype_name(ts[i]->dtype), fmha_dtype_name(cfg->dtype),
+                           i == 2 || i == 3 ? " (caches may also be f8_e4m3, both of them)" : "");
+    if (a->v_cache.dtype != a->k_cache.dtype)
+        return INVALID("v_cache.dtype (%s) differs from k_cache.dtype (%s): the caches share "
+                       "their dtype",
+                       fmha_dtype_name(a->v_cache.dtype), fmha_dtype_name(a->k_cache.dtype));
     if (a->out.dtype == FMHA_DTYPE_F8_E4M3)
         return INVALID("out.dtype f8_e4m3 is not an output dtype: use f32, f16 or bf16");
     if ((st = check_rows_disjoint(&a->out, "out")) != FMHA_STATUS_OK)
@@ -605,8 +658,12 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     if (pb->batch > INT32_MAX / pb->heads)
         return INVALID("batch x heads (%lld x %lld) exceeds 2^31", (long long)pb->batch,
                        (long long)pb->heads);
-    if ((st = check_cache_layout(a, pb)) != FMHA_STATUS_OK)
+    if ((st = check_cache_layout(a, pb)) != FMHA_STATUS_OK ||
+        (st = check_cache_descales(cfg, a, pb)) != FMHA_STATUS_OK)
         return st;
+    fwd->descale_k = a->k_descale;
+    fwd->descale_v = a->v_descale;
+    pb->kv_descale_layout = a->kv_descale_layout;
     return check_rotary(cfg, a, pb);
 }
 

@@ -85,6 +85,12 @@ static fmha_status run_decode(const fmha_config *cfg, const fmha_kvcache_args *h
                                    (size_t)(h->block_table_stride > 0 ? h->block_table_stride : 0));
     d.rotary_cos = upload(h->rotary_cos, sizeof(float) * (size_t)(rl * half));
     d.rotary_sin = upload(h->rotary_sin, sizeof(float) * (size_t)(rl * half));
+    const int64_t nd = h->kv_descale_layout == FMHA_KV_DESCALE_PER_HEAD ? h->k_cache.heads
+                       : h->kv_descale_layout == FMHA_KV_DESCALE_PER_PAGE
+                           ? h->k_cache.batch * h->k_cache.heads
+                           : 1;
+    d.k_descale = upload(h->k_descale, sizeof(float) * (size_t)(nd > 0 ? nd : 1));
+    d.v_descale = upload(h->v_descale, sizeof(float) * (size_t)(nd > 0 ? nd : 1));
     fmha_status st = fmha_decode(&c, &d);
     cudaError_t e = cudaStreamSynchronize(stream);
     TU_CHECK(e == cudaSuccess, "decode kernels failed: %s", cudaGetErrorString(e));
@@ -94,9 +100,9 @@ static fmha_status run_decode(const fmha_config *cfg, const fmha_kvcache_args *h
     download(h->lse, d.lse, sizeof(float) * (size_t)nl);
     for (int i = 0; i < 6; i++)
         cudaFree(ts[i]->data);
-    const void *arrays[6] = {d.lse,         d.cache_seqlens, d.cache_batch_idx,
-                             d.block_table, d.rotary_cos,    d.rotary_sin};
-    for (int i = 0; i < 6; i++)
+    const void *arrays[8] = {d.lse,        d.cache_seqlens, d.cache_batch_idx, d.block_table,
+                             d.rotary_cos, d.rotary_sin,    d.k_descale,       d.v_descale};
+    for (int i = 0; i < 8; i++)
         cudaFree((void *)arrays[i]);
     return st;
 }
@@ -117,6 +123,8 @@ typedef struct dcase {
     int interleaved, lse;
     int64_t splits;
     fmha_dtype odt;
+    int f8; /* FP8 caches, with descales laid out as kvl says */
+    fmha_kv_descale_layout kvl;
 } dcase;
 
 /* The inputs of one case, the caches twice (reference, fast path). */
@@ -124,6 +132,7 @@ typedef struct dinputs {
     tu_tensor q, knew, vnew, kc[2], vc[2], out[2];
     int32_t *cache_seqlens, *batch_idx, *table;
     float *cos, *sin, *lse[2];
+    float *kd, *vd; /* FP8 caches' descales */
 } dinputs;
 
 static int64_t pick(tu_rng *r, const int64_t *v, int n)
@@ -174,7 +183,32 @@ static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
         c.interleaved = tu_range(r, 2);
     }
     c.page_size = pick(r, pages, 6);
+    c.f8 = tu_range(r, 3) == 0;
+    c.kvl = (fmha_kv_descale_layout)tu_range(r, 3);
     return c;
+}
+
+/* The descale of cache row (or page) `row`, KV head h, in an array laid out
+ * as c->kvl says. */
+static float descale_at(const dcase *c, const float *d, int64_t row, int64_t h)
+{
+    return c->kvl == FMHA_KV_DESCALE_PER_TENSOR ? d[0]
+           : c->kvl == FMHA_KV_DESCALE_PER_HEAD ? d[h]
+                                                : d[row * c->kvh + h];
+}
+
+/* An FP8 cache of normal values: each element the code of x / its descale. */
+static void fill_f8(const dcase *c, tu_tensor *x, const float *d, tu_rng *r)
+{
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++) {
+                uint8_t *row = (uint8_t *)t->data + b * t->stride_batch + s * t->stride_seq +
+                               h * t->stride_head;
+                for (int64_t e = 0; e < t->head_dim; e++)
+                    row[e] = fmha_f32_to_e4m3((float)tu_normal(r) / descale_at(c, d, b, h));
+            }
 }
 
 /* Cache lengths, then the caches' geometry: capacity for the longest plus
@@ -195,7 +229,7 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
     }
     if (longest == 0) /* keep one key somewhere: caches have at least one row */
         longest = 1;
-    const fmha_dtype dt = c->cfg.dtype;
+    const fmha_dtype dt = c->cfg.dtype, cdt = c->f8 ? FMHA_DTYPE_F8_E4M3 : dt;
     if (c->paged) {
         c->stride = (longest + c->page_size - 1) / c->page_size + tu_range(r, 3);
         c->num_pages = c->stride * c->batch + tu_range(r, 5);
@@ -212,8 +246,8 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
             in->table[i] = (int32_t)perm[i];
         free(perm);
         for (int k = 0; k < 2; k++) {
-            tu_tensor_init(&in->kc[k], dt, c->num_pages, c->page_size, c->kvh, c->d, 0, 0);
-            tu_tensor_init(&in->vc[k], dt, c->num_pages, c->page_size, c->kvh, c->dv, 0, 0);
+            tu_tensor_init(&in->kc[k], cdt, c->num_pages, c->page_size, c->kvh, c->d, 0, 0);
+            tu_tensor_init(&in->vc[k], cdt, c->num_pages, c->page_size, c->kvh, c->dv, 0, 0);
         }
     } else {
         c->capacity = longest + tu_range(r, 9);
@@ -225,12 +259,26 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
                 in->batch_idx[b] = (int32_t)(c->cache_rows - 1 - b); /* reversed rows */
         }
         for (int k = 0; k < 2; k++) {
-            tu_tensor_init(&in->kc[k], dt, c->cache_rows, c->capacity, c->kvh, c->d, 0, 0);
-            tu_tensor_init(&in->vc[k], dt, c->cache_rows, c->capacity, c->kvh, c->dv, 0, 0);
+            tu_tensor_init(&in->kc[k], cdt, c->cache_rows, c->capacity, c->kvh, c->d, 0, 0);
+            tu_tensor_init(&in->vc[k], cdt, c->cache_rows, c->capacity, c->kvh, c->dv, 0, 0);
         }
     }
-    tu_fill_normal(&in->kc[0], r, 1.0);
-    tu_fill_normal(&in->vc[0], r, 1.0);
+    if (c->f8) { /* descales around 1/64: normal values well inside e4m3's range */
+        const int64_t n = c->kvl == FMHA_KV_DESCALE_PER_TENSOR ? 1
+                          : c->kvl == FMHA_KV_DESCALE_PER_HEAD ? c->kvh
+                                                               : in->kc[0].t.batch * c->kvh;
+        in->kd = malloc(sizeof(float) * (size_t)n);
+        in->vd = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            in->kd[i] = (float)((0.5 + tu_uniform(r)) / 64.0);
+            in->vd[i] = (float)((0.5 + tu_uniform(r)) / 64.0);
+        }
+        fill_f8(c, &in->kc[0], in->kd, r);
+        fill_f8(c, &in->vc[0], in->vd, r);
+    } else {
+        tu_fill_normal(&in->kc[0], r, 1.0);
+        tu_fill_normal(&in->vc[0], r, 1.0);
+    }
     memcpy(in->kc[1].alloc, in->kc[0].alloc, in->kc[0].alloc_bytes);
     memcpy(in->vc[1].alloc, in->vc[0].alloc, in->vc[0].alloc_bytes);
     tu_tensor_init(&in->q, dt, c->batch, c->sq, c->heads, c->d, (int)tu_range(r, 3), 0);
@@ -276,6 +324,8 @@ static void free_inputs(dinputs *in)
     free(in->sin);
     free(in->lse[0]);
     free(in->lse[1]);
+    free(in->kd);
+    free(in->vd);
 }
 
 /* The arguments of copy k (0: the reference's, 1: the fast path's). */
@@ -295,7 +345,10 @@ static fmha_kvcache_args args_of(const dcase *c, dinputs *in, int k)
                            .rotary_dim = c->rotary_dim,
                            .rotary_len = c->rotary_len,
                            .rotary_interleaved = c->interleaved,
-                           .num_splits = c->splits};
+                           .num_splits = c->splits,
+                           .k_descale = in->kd,
+                           .v_descale = in->vd,
+                           .kv_descale_layout = c->kvl};
     if (c->snew > 0) {
         a.k_new = in->knew.t;
         a.v_new = in->vnew.t;
@@ -307,9 +360,13 @@ static fmha_kvcache_args args_of(const dcase *c, dinputs *in, int k)
 static double cache_get(const dcase *c, const dinputs *in, const tu_tensor *x, int64_t b, int64_t t,
                         int64_t h, int64_t ch)
 {
-    if (c->paged)
-        return tu_get(x, in->table[b * c->stride + t / c->page_size], t % c->page_size, h, ch);
-    return tu_get(x, in->batch_idx ? in->batch_idx[b] : b, t, h, ch);
+    const int64_t row = c->paged        ? in->table[b * c->stride + t / c->page_size]
+                        : in->batch_idx ? in->batch_idx[b]
+                                        : b;
+    const double v = tu_get(x, row, c->paged ? t % c->page_size : t, h, ch);
+    if (!c->f8)
+        return v;
+    return v * descale_at(c, x == &in->kc[0] || x == &in->kc[1] ? in->kd : in->vd, row, h);
 }
 
 /* q rotated in f32 and rounded to its dtype, as the fast path sees it. */
@@ -377,7 +434,7 @@ static double naive_error(const dcase *c, const dinputs *in, double *lse_err)
                            .varlen_batch = c->batch};
     tu_naive_forward(&c->cfg, &a);
     double err = 0;
-    if (c->rotary_dim == 0) {
+    if (c->rotary_dim == 0 && !c->f8) {
         /* The reference's decode reads its caches as its forward reads the
          * gathered keys: the same numbers. */
         tu_tensor o2;
@@ -444,6 +501,28 @@ static double cache_diff(const tu_tensor *x, const tu_tensor *y)
     return err;
 }
 
+/* Largest distance, in steps of the code, between the elements of two FP8
+ * caches (codes of one sign are ordered by magnitude; a sign flip is a step
+ * only between zeros). */
+static int code_steps(const tu_tensor *x, const tu_tensor *y)
+{
+    int most = 0;
+    const fmha_tensor *t = &x->t;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++) {
+                const int64_t off = b * t->stride_batch + s * t->stride_seq + h * t->stride_head;
+                const uint8_t *p = (const uint8_t *)t->data + off;
+                const uint8_t *q = (const uint8_t *)y->t.data + off;
+                for (int64_t c = 0; c < t->head_dim; c++) {
+                    const int a = p[c] & 0x7F, e = q[c] & 0x7F;
+                    const int n = (p[c] ^ q[c]) & 0x80 ? a + e : abs(a - e);
+                    most = n > most ? n : most;
+                }
+            }
+    return most;
+}
+
 static void describe(const dcase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
@@ -458,6 +537,11 @@ static void describe(const dcase *c, char *buf, size_t n)
     if (c->paged) {
         size_t l = strlen(buf);
         snprintf(buf + l, n - l, " page%lld", (long long)c->page_size);
+    }
+    if (c->f8) {
+        static const char *const layouts[3] = {"tensor", "head", "page"};
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, " f8 caches (descale per %s)", layouts[c->kvl]);
     }
 }
 
@@ -483,6 +567,10 @@ static void run_case(tu_rng *r, fmha_cpu_isa isa)
     const double tol = 4.0 * en + 1e-6;
     TU_CHECK(!bad && e <= tol, "%s: out error %.3g > tol %.3g (naive %.3g)%s", desc, e, tol, en,
              bad ? " non-finite output" : "");
+    /* FP8 caches: the reference reads them through the library's descale
+     * lookup, so the naive run (this file's own lookup, cache_get) bounds it. */
+    const double nbound = c.cfg.dtype == FMHA_DTYPE_F32 ? 1e-4 : 0.05;
+    TU_CHECK(!c.f8 || en <= nbound, "%s: the reference is %.3g from the naive run", desc, en);
     TU_CHECK(tu_gaps_untouched(&in.out[1], 0xFF), "%s: wrote outside out", desc);
     if (c.lse) {
         const double le = tu_lse_err(in.lse[1], in.lse[0], c.batch * c.heads * c.sq, &bad);
@@ -494,9 +582,16 @@ static void run_case(tu_rng *r, fmha_cpu_isa isa)
                         : c.cfg.dtype == FMHA_DTYPE_F32  ? 1e-5
                         : c.cfg.dtype == FMHA_DTYPE_BF16 ? 8.0 * 0x1p-8
                                                          : 8.0 * 0x1p-11;
-    const double ek = cache_diff(&in.kc[1], &in.kc[0]), ev = cache_diff(&in.vc[1], &in.vc[0]);
-    TU_CHECK(ek <= ctol && ev == 0, "%s: caches differ from the reference's: k %.3g, v %.3g", desc,
-             ek, ev);
+    if (c.f8) { /* the same codes, but a rotated key may round one code apart */
+        const int sk = code_steps(&in.kc[1], &in.kc[0]), sv = code_steps(&in.vc[1], &in.vc[0]);
+        TU_CHECK(sk <= (c.rotary_dim > 0) && sv == 0,
+                 "%s: FP8 caches differ from the reference's: k %d, v %d codes apart", desc, sk,
+                 sv);
+    } else {
+        const double ek = cache_diff(&in.kc[1], &in.kc[0]), ev = cache_diff(&in.vc[1], &in.vc[0]);
+        TU_CHECK(ek <= ctol && ev == 0, "%s: caches differ from the reference's: k %.3g, v %.3g",
+                 desc, ek, ev);
+    }
     free_inputs(&in);
 }
 
@@ -725,6 +820,12 @@ static void test_errors(tu_rng *r)
     a.cache_batch_idx = idx;
     expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "is not a row of the cache",
                    "cache_batch_idx out of range");
+    float one = 1.0f;
+    a = good;
+    a.k_descale = c.f8 ? NULL : &one;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT,
+                   c.f8 ? "k_descale is NULL" : "descales belong to f8_e4m3 caches",
+                   "a descale that does not fit the caches' dtype");
     a = good;
     a.cache_batch_idx = NULL;
     a.k_cache.batch = a.v_cache.batch = c.batch - 1;
@@ -732,6 +833,34 @@ static void test_errors(tu_rng *r)
         expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "below q.batch",
                        "fewer cache rows than sequences");
     free(idx);
+    free_inputs(&in);
+
+    /* FP8 caches: their descales, their dtypes. */
+    c = random_case(r, FMHA_CPU_ISA_AUTO);
+    c.f8 = 1;
+    make_inputs(&c, &in, r);
+    good = args_of(&c, &in, 1);
+    a = good;
+    a.v_descale = NULL;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "v_descale is NULL",
+                   "FP8 caches without v_descale");
+    a = good;
+    a.kv_descale_layout = (fmha_kv_descale_layout)7;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "kv_descale_layout (7)",
+                   "an unknown descale layout");
+    a = good;
+    a.v_cache.dtype = c.cfg.dtype;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "the caches share their dtype",
+                   "an FP8 k_cache beside a v_cache of the layer's dtype");
+    fmha_config f8cfg = c.cfg;
+    f8cfg.dtype = FMHA_DTYPE_F8_E4M3;
+    expect_refused(&f8cfg, &good, &in, FMHA_STATUS_UNSUPPORTED, "build the decode layer in q's",
+                   "an f8_e4m3 decode layer");
+#ifndef FMHA_TEST_CUDA /* on CUDA the descales stay in device memory, unread by the host */
+    in.kd[0] = 0.0f;
+    expect_refused(&c.cfg, &good, &in, FMHA_STATUS_INVALID_ARGUMENT, "k_descale[0] (0)",
+                   "a zero descale");
+#endif
     free_inputs(&in);
 }
 

@@ -655,9 +655,9 @@ def _int32_array(x, name, ref, ndim):
     return obj, ptr, shape
 
 
-def _rotary_table(x, name, ref):
-    """A rotary table [rotary_len, rotary_dim / 2] as contiguous float32 in
-    q's memory (moved there where it is elsewhere: tables are small)."""
+def _f32_table(x, name, ref):
+    """A small float table (rotary cos / sin, descales) as contiguous
+    float32 in q's memory (moved there where it is elsewhere)."""
     if ref.device == "cuda":
         torch = T._torch()
         t = x if T.is_torch(x) else torch.from_numpy(np.asarray(x, dtype=np.float32))
@@ -670,8 +670,45 @@ def _rotary_table(x, name, ref):
     return a, a.ctypes.data, a.shape
 
 
+# fmha_kv_descale_layout
+KV_DESCALE_PER_TENSOR, KV_DESCALE_PER_HEAD, KV_DESCALE_PER_PAGE = 0, 1, 2
+
+
+def _cache_descales(k_descale, v_descale, kcv, qv, keep):
+    """FP8 caches' descales into args form: (k pointer, v pointer, layout).
+    A number or one entry: per tensor; [Hkv]: per KV head; [pages or cache
+    rows, Hkv]: per page (per cache row of a contiguous cache)."""
+    if k_descale is None and v_descale is None:
+        return None, None, 0
+    if k_descale is None or v_descale is None:
+        raise ValueError("k_descale and v_descale must be given together (FP8 caches)")
+    pages, hkv = kcv.shape[0], kcv.shape[2]
+    out, layouts = [], []
+    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if isinstance(x, (int, float)):
+            x = [float(x)]
+        obj, ptr, shape = _f32_table(x, name, qv)
+        if int(np.prod(shape)) == 1:
+            layouts.append(KV_DESCALE_PER_TENSOR)
+        elif tuple(shape) == (hkv,):
+            layouts.append(KV_DESCALE_PER_HEAD)
+        elif tuple(shape) == (pages, hkv):
+            layouts.append(KV_DESCALE_PER_PAGE)
+        else:
+            raise ValueError("%s has shape %s: give one descale, [num_kv_heads] = [%d], or "
+                             "[pages or cache rows, num_kv_heads] = [%d, %d]"
+                             % (name, list(shape), hkv, pages, hkv))
+        keep.append(obj)
+        out.append(ptr)
+    if layouts[0] != layouts[1]:
+        raise ValueError("k_descale and v_descale must have one layout (both per tensor, per "
+                         "head or per page)")
+    return out[0], out[1], layouts[0]
+
+
 def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            block_table, opts, rotary_interleaved, num_splits, out, return_lse, layer_for=None):
+            block_table, opts, rotary_interleaved, num_splits, out, return_lse, layer_for=None,
+            k_descale=None, v_descale=None):
     return_lse = T.flag(return_lse, "return_lse")
     if T.needs_grad(q, k_cache, v_cache, k, v):
         raise NotImplementedError("decode has no backward: call it under torch.no_grad() or "
@@ -716,8 +753,8 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must be given together")
     if rotary_cos is not None:
-        cos, a.rotary_cos, cshape = _rotary_table(rotary_cos, "rotary_cos", qv)
-        sin, a.rotary_sin, sshape = _rotary_table(rotary_sin, "rotary_sin", qv)
+        cos, a.rotary_cos, cshape = _f32_table(rotary_cos, "rotary_cos", qv)
+        sin, a.rotary_sin, sshape = _f32_table(rotary_sin, "rotary_sin", qv)
         if len(cshape) != 2 or cshape != sshape:
             raise ValueError("rotary_cos and rotary_sin must both be [rotary_len, rotary_dim / 2], "
                              "got %s and %s" % (list(cshape), list(sshape)))
@@ -725,6 +762,8 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
         a.rotary_interleaved = int(T.flag(rotary_interleaved, "rotary_interleaved"))
         keep += [cos, sin]
     a.num_splits = 0 if num_splits is None else T.int64(num_splits, "num_splits")
+    a.k_descale, a.v_descale, a.kv_descale_layout = _cache_descales(k_descale, v_descale, kcv,
+                                                                    qv, keep)
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     with _cuda_context(qv) as stream:
         a.stream = stream
@@ -737,7 +776,8 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
 def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                       cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                       rotary_interleaved=True, causal=False, softmax_scale=None,
-                      window=(-1, -1), softcap=0.0, num_splits=0, return_lse=False, out=None):
+                      window=(-1, -1), softcap=0.0, num_splits=0, return_lse=False, out=None,
+                      k_descale=None, v_descale=None):
     """Decode: new queries q [B, Sq, H, D] against KV caches, as
     flash_attn_with_kvcache (fmha_decode in C).
 
@@ -754,11 +794,16 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
     per sequence (0: chosen by fmha). CPU arrays and tensors, or CUDA tensors
     (f16/bf16; index arrays and rotary tables are moved to q's device).
 
+    FP8 caches (float8_e4m3fn, q in its own f32/f16/bf16): element x stands
+    for x * descale, with k_descale / v_descale one number, [Hkv] (per KV
+    head) or [pages or cache rows, Hkv] (per page); new k / v are written as
+    codes of value / descale (saturating at 448 x descale).
+
     Returns out [B, Sq, H, Dv], or (out, lse [B, H, Sq] float32)."""
     opts = _Options(causal, softmax_scale, window, softcap, 0.0)
     return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, block_table, opts, rotary_interleaved, num_splits, out,
-                   return_lse)
+                   return_lse, k_descale=k_descale, v_descale=v_descale)
 
 
 class Attention:
@@ -888,13 +933,14 @@ class Attention:
     @T.returns_like(1)
     def decode(self, q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
-               rotary_interleaved=True, num_splits=0, out=None, return_lse=False):
+               rotary_interleaved=True, num_splits=0, out=None, return_lse=False,
+               k_descale=None, v_descale=None):
         """One decode step of this layer against its KV caches: the
         arguments and result of kvcache_attention(), with this layer's heads,
         scale, masks and softcap (its dropout_p must be 0)."""
         return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                        cache_batch_idx, block_table, self._opts, rotary_interleaved, num_splits,
-                       out, return_lse, self._layer_for)
+                       out, return_lse, self._layer_for, k_descale, v_descale)
 
     @T.returns_like(1)
     def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None):

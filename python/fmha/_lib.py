@@ -136,6 +136,9 @@ class KvcacheArgs(Structure):
         ("rotary_interleaved", c_int),
         ("num_splits", c_int64),
         ("stream", c_void_p),
+        ("k_descale", c_void_p),        # const float *: FP8 caches
+        ("v_descale", c_void_p),
+        ("kv_descale_layout", c_int),
     ]
 
 

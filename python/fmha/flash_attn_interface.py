@@ -110,20 +110,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
                             pack_gqa=None, sm_margin=0, return_softmax_lse=False):
     """Decode against KV caches (fmha.kvcache_attention), FA3's argument
-    order: page_table [B, max_pages] is the paged caches' table."""
+    order: page_table [B, max_pages] is the paged caches' table. FP8
+    (float8_e4m3fn) caches take k_descale / v_descale: FA3's [B, Hkv] (per
+    sequence) for contiguous caches, or fmha's one number / [Hkv]; q stays in
+    its own dtype (q_descale is refused)."""
     _refuse(qv, attention_chunk=attention_chunk)
     for name, value in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
                         ("rotary_seqlens", rotary_seqlens), ("q_descale", q_descale),
-                        ("k_descale", k_descale), ("v_descale", v_descale),
                         ("scheduler_metadata", scheduler_metadata)):
         if value is not None:
             raise NotImplementedError("%s is not supported by fmha's decode: pass %s=None"
                                       % (name, name))
+    per_sequence = any(d is not None and len(getattr(d, "shape", ())) == 2
+                       for d in (k_descale, v_descale))
+    if per_sequence and (page_table is not None or cache_batch_idx is not None):
+        raise NotImplementedError("per-sequence descales [B, Hkv] with a page_table or "
+                                  "cache_batch_idx: fmha's FP8 caches scale per page (or cache "
+                                  "row); pass [num_pages, Hkv], [Hkv] or one descale")
     return _fa2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                         cache_seqlens, cache_batch_idx, cache_leftpad,
                                         page_table, softmax_scale, causal, window_size, softcap,
                                         rotary_interleaved, None, num_splits,
-                                        return_softmax_lse)
+                                        return_softmax_lse, k_descale, v_descale)
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):

@@ -168,3 +168,67 @@ def test_fa3_interface(rng):
     np.testing.assert_array_equal(got, want)
     with pytest.raises(NotImplementedError, match="rotary_seqlens"):
         fa3.flash_attn_with_kvcache(q, kc, vc, rotary_seqlens=np.zeros(B, dtype=np.int32))
+
+
+@pytest.mark.parametrize("layout", ["tensor", "head", "page"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_fp8_caches(rng, layout, paged):
+    """float8_e4m3fn caches with their descales (one, per KV head, per page):
+    the answer is attention over the dequantized caches, and new tokens go in
+    as codes of value / descale."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    f8 = ml_dtypes.float8_e4m3fn
+    B, Sq, H, Hkv, D, page = 2, 1, 8, 2, 64, 16
+    lens = np.array([45, 100], dtype=np.int32)
+    rows_n = B * 8 + 1 if paged else B
+    per = 8 * page if paged else 128
+    shape = (rows_n, page if paged else per, Hkv, D)
+    ds = {"tensor": (1,), "head": (Hkv,), "page": (rows_n, Hkv)}[layout]
+    kd = (rng.uniform(0.5, 1.5, ds) / 64).astype(np.float32)
+    vd = (rng.uniform(0.5, 1.5, ds) / 64).astype(np.float32)
+
+    def scale_of(d):  # the descale of every (row or page, KV head) of the cache
+        return np.broadcast_to(d if layout == "page" else d.reshape(1, -1), (rows_n, Hkv))
+
+    ks, vs = scale_of(kd), scale_of(vd)
+    def codes(x):  # saturating at 448 as fmha does (ml_dtypes' cast gives NaN there)
+        return np.clip(x, -448, 448).astype(f8)
+
+    k_cache = codes(rng.standard_normal(shape) / ks[:, None, :, None])
+    v_cache = codes(rng.standard_normal(shape) / vs[:, None, :, None])
+    if paged:
+        table = rng.permutation(rows_n)[:B * 8].reshape(B, 8).astype(np.int32)
+
+        def rows(b, n):
+            t = np.arange(n)
+            return table[b, t // page], t % page
+    else:
+        table = None
+
+        def rows(b, n):
+            return b, np.arange(n)
+    q = rng.standard_normal((B, Sq, H, D)).astype(np.float32)
+    knew = rng.standard_normal((B, Sq, Hkv, D)).astype(np.float32)
+    vnew = rng.standard_normal((B, Sq, Hkv, D)).astype(np.float32)
+    kval = k_cache.astype(np.float64) * ks[:, None, :, None]  # the caches' values
+    vval = v_cache.astype(np.float64) * vs[:, None, :, None]
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, knew, vnew, cache_seqlens=lens,
+                                  block_table=table, causal=True, k_descale=kd, v_descale=vd)
+    # the new tokens, as the caches now hold them
+    for b in range(B):
+        r = rows(b, lens[b] + Sq)
+        rr = tuple(np.asarray(x)[lens[b]:] for x in r) if paged else (b, r[1][lens[b]:])
+        row = rr[0] if paged else np.full(Sq, b)
+        want_k = codes(knew[b] / ks[row][:, :, None])
+        want_v = codes(vnew[b] / vs[row][:, :, None])
+        np.testing.assert_array_equal(k_cache[rr].view(np.uint8), want_k.view(np.uint8))
+        np.testing.assert_array_equal(v_cache[rr].view(np.uint8), want_v.view(np.uint8))
+        kval[rr] = k_cache[rr].astype(np.float64) * ks[row][:, :, None]
+        vval[rr] = v_cache[rr].astype(np.float64) * vs[row][:, :, None]
+    want, _ = expected(q, kval, vval, None, None, lens + Sq, True, (-1, -1), None, rows)
+    assert_close(out, want, "f32")
+    with pytest.raises(ValueError, match="together"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table,
+                                k_descale=kd)
+    with pytest.raises(fmha.InvalidArgumentError, match="v_descale is NULL|k_descale is NULL"):
+        fmha.kvcache_attention(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)

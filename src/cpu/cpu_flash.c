@@ -378,8 +378,10 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
 
     /* Decode slots of fewer rows than a vector step take the row products
-     * (the Q^T tile then holds the rows themselves: pack_q_rows). */
-    const int by_rows = ops->row_qk && pb->kv_cache && rows < FMHA_CPU_NQ;
+     * (the Q^T tile then holds the rows themselves: pack_q_rows); FP8 caches
+     * take the tiles, whose loads decode and descale their rows. */
+    const int by_rows = ops->row_qk && pb->kv_cache && rows < FMHA_CPU_NQ &&
+                        pb->args->k.dtype != FMHA_DTYPE_F8_E4M3;
     if (by_rows)
         pack_q_rows(tk, ops->elem, s->qt);
     else

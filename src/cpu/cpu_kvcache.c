@@ -2,8 +2,33 @@
  * new keys and values written into their caches (rows or pages), with the
  * rotary embedding applied to the keys on the way, and q rotated into the
  * layer's copy. Rotation is in f32, each result rounded once to the
- * tensor's dtype. */
+ * tensor's dtype; FP8 caches take fmha_f32_to_e4m3(value / descale). */
 #include "cpu.h"
+
+/* Channel c of row src (of dtype) as f32, rotated at pos where c is one of
+ * the first a->rotary_dim channels. */
+static float rotated_at(const fmha_kvcache_args *a, const void *src, fmha_dtype dtype, int64_t c,
+                        int64_t pos)
+{
+    if (c >= a->rotary_dim)
+        return fmha_load_f32(src, dtype, c);
+    const int64_t half = a->rotary_dim / 2, pc = a->rotary_interleaved ? c / 2 : c % half;
+    int64_t c1, c2;
+    fmha_rotary_pair(a->rotary_dim, a->rotary_interleaved, pc, &c1, &c2);
+    const float x1 = fmha_load_f32(src, dtype, c1), x2 = fmha_load_f32(src, dtype, c2);
+    const float cs = a->rotary_cos[pos * half + pc], sn = a->rotary_sin[pos * half + pc];
+    return c == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
+}
+
+/* Row src (n channels of dtype, rotated at pos where a has rotary and
+ * `rotate`) into an FP8 cache row as codes of value / descale. */
+static void quantize_row(const fmha_kvcache_args *a, uint8_t *dst, const void *src,
+                         fmha_dtype dtype, int64_t n, int64_t pos, int rotate, float descale)
+{
+    for (int64_t c = 0; c < n; c++)
+        dst[c] = fmha_f32_to_e4m3(
+            (rotate ? rotated_at(a, src, dtype, c, pos) : fmha_load_f32(src, dtype, c)) / descale);
+}
 
 /* Row `src` of n channels rotated at `pos` into `dst` (both of `dtype`):
  * pairs of the first a->rotary_dim channels, the rest copied. */
@@ -39,6 +64,14 @@ fmha_status fmha_cpu_kv_append(const fmha_problem *pb, const fmha_kvcache_args *
             for (int64_t h = 0; h < pb->kv_heads; h++) {
                 const char *kn = fmha_row(&a->k_new, b, i, h);
                 char *kd = fmha_kv_row(pb, kc, b, pos, h);
+                if (kc->dtype == FMHA_DTYPE_F8_E4M3) {
+                    quantize_row(a, (uint8_t *)kd, kn, a->k_new.dtype, pb->d, pos,
+                                 a->rotary_dim > 0, fmha_row_descale(pb, 1, b, pos, h));
+                    quantize_row(a, (uint8_t *)fmha_kv_row(pb, vc, b, pos, h),
+                                 fmha_row(&a->v_new, b, i, h), a->v_new.dtype, pb->dv, pos, 0,
+                                 fmha_row_descale(pb, 2, b, pos, h));
+                    continue;
+                }
                 if (a->rotary_dim > 0)
                     rotate_row(a, kd, kn, kc->dtype, pb->d, pos);
                 else

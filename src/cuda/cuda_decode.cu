@@ -23,10 +23,13 @@
  * (kv_append, rotated where rotary is on), on the same stream. */
 #include "cuda_common.cuh"
 #include "cuda_mma.cuh"
+
+#include <cuda_fp8.h>
 #include "../alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <type_traits>
 #include <string.h>
 
 namespace
@@ -54,8 +57,10 @@ struct dec_params {
     int out_dtype;
     int aligned; /* caches' and q's rows in 16-byte chunks */
     int splits;
-    int l2_prefetch;    /* tuning: FMHA_CUDA_DECODE_L2PF=128|256, the loads' L2 prefetch size */
-    int64_t split_keys; /* keys of a split, a multiple of the tile */
+    int l2_prefetch; /* tuning: FMHA_CUDA_DECODE_L2PF=128|256, the loads' L2 prefetch size */
+    const float *k_descale, *v_descale; /* FP8 caches (fmha_kv_descale_layout) */
+    int kv_descale_layout;
+    int64_t split_keys;       /* keys of a split, a multiple of the tile */
     float *part_o, *part_lse; /* splits > 1: [split][batch][heads][sq][dv], [split][...] */
 };
 
@@ -63,22 +68,35 @@ struct dec_params {
  * rows: a large GQA group or MQA, so two row tiles share each K/V tile),
  * four key quarters per row tile, and for D = 256 two warps per quarter
  * (each P.V over half the columns: twice the warps at the same shared
- * memory, half the accumulators each). */
-template <int D, int RT> struct dtile {
-    static constexpr int KQ = 4, DSPLIT = D >= 256 ? 2 : 1;
+ * memory, half the accumulators each).
+ *
+ * F8 (FP8 caches): the stages hold e4m3 codes; each tile is decoded into a
+ * 16-bit tile (cur) that the warps then read as for 16-bit caches. The
+ * products run in f16 there: a code c becomes the f16 of bits
+ * (c & 0x7F) << 7 | (c & 0x80) << 8, exactly c's value times 2^-8
+ * (subnormals included); q rows are scaled by a power of two into f16's
+ * range; the keys' descales multiply the f32 scores, the values' multiply P
+ * relative to the split's first value descale, and the powers of two and
+ * that descale are taken out again in f32. */
+template <int D, int RT, bool F8 = false> struct dtile {
+    static constexpr int DIM = D, KQ = 4, DSPLIT = D >= 256 ? 2 : 1;
     static constexpr int WARPS = KQ * DSPLIT * RT, THREADS = 32 * WARPS, STAGES = 3;
     static constexpr int MINB =
-        D <= 128 ? 2 : 1;              /* blocks per multiprocessor the registers allow */
-    static constexpr int KT = 64;      /* keys per stage */
-    static constexpr int BN = KT / KQ; /* keys of a key quarter */
-    static constexpr int DS = D + 8;   /* shared row stride (ldmatrix conflict-free) */
-    static constexpr int CH = D / 8;   /* 16-byte chunks of a row */
+        D <= 128 ? 2 : 1;                  /* blocks per multiprocessor the registers allow */
+    static constexpr int KT = 64;          /* keys per stage */
+    static constexpr int BN = KT / KQ;     /* keys of a key quarter */
+    static constexpr int DS = D + 8;       /* 16-bit shared row stride (ldmatrix conflict-free) */
+    static constexpr int EB = F8 ? 1 : 2;  /* bytes of a cache element */
+    static constexpr int CE = 16 / EB;     /* elements of a 16-byte chunk */
+    static constexpr int CH = D / CE;      /* 16-byte chunks of a row */
+    static constexpr int SB = D * EB + 16; /* bytes between a stage's rows */
     static constexpr int KPT = KT * CH / THREADS; /* keys a thread loads chunks of per stage */
     static_assert(KT * CH % THREADS == 0, "a stage's chunks divide among the threads");
-    static constexpr size_t STAGE = (size_t)2 * KT * DS * 2;
+    static constexpr size_t STAGE = (size_t)2 * KT * SB + (F8 ? 2 * KT * 4 : 0); /* + descales */
+    static constexpr size_t CUR = F8 ? (size_t)2 * KT * DS * 2 : 0;
     static constexpr size_t MERGE = (size_t)RT * KQ * 16 * (D + 2) * 4;
-    static constexpr size_t SMEM =
-        (size_t)16 * RT * DS * 2 + (STAGES * STAGE > MERGE ? STAGES * STAGE : MERGE);
+    static constexpr size_t BODY = STAGES * STAGE + CUR;
+    static constexpr size_t SMEM = (size_t)16 * RT * DS * 2 + (BODY > MERGE ? BODY : MERGE);
 };
 
 __device__ __forceinline__ int64_t seq_keys(const dec_params &p, int b)
@@ -109,41 +127,63 @@ __device__ __forceinline__ int64_t cache_row(const dec_params &p, int b, int64_t
     return (int64_t)(p.kv_batch ? p.kv_batch[b] : b) * sb + j * ss + hk * sh;
 }
 
+/* Index into an FP8 cache's descales of key j's row (page or cache row
+ * `row`) of KV head hk (fmha_kv_descale_layout). */
+__device__ __forceinline__ int64_t descale_index(const dec_params &p, int64_t row, int hk)
+{
+    return p.kv_descale_layout == FMHA_KV_DESCALE_PER_TENSOR ? 0
+           : p.kv_descale_layout == FMHA_KV_DESCALE_PER_HEAD ? hk
+                                                             : row * p.kv_heads + hk;
+}
+
 /* The pages and slots of the keys a thread loads in a stage, looked up a
  * stage ahead so that the block table's latency hides behind a tile. */
-template <int D, int RT> struct key_pages {
-    int32_t page[dtile<D, RT>::KPT], slot[dtile<D, RT>::KPT];
+template <int KPT> struct key_pages {
+    int32_t page[KPT], slot[KPT];
 };
 
-template <int D, int RT>
+template <class G>
 __device__ __forceinline__ void tile_pages(const dec_params &p, int b, int64_t n0, int64_t n_end,
-                                           key_pages<D, RT> &kp)
+                                           key_pages<G::KPT> &kp)
 {
-    constexpr int CH = dtile<D, RT>::CH, THREADS = dtile<D, RT>::THREADS;
 #pragma unroll
-    for (int i = 0; i < dtile<D, RT>::KPT; i++) {
-        const int64_t j = n0 + (threadIdx.x + i * THREADS) / CH;
+    for (int i = 0; i < G::KPT; i++) {
+        const int64_t j = n0 + (threadIdx.x + i * G::THREADS) / G::CH;
         kp.page[i] = kp.slot[i] = 0;
         if (j < n_end)
             page_slot(p, b, j, &kp.page[i], &kp.slot[i]);
     }
 }
 
-/* Keys [n0, n0 + KT) of sequence b (those below n_end) into a stage: K rows
- * at sK, V rows at sV, zero past n_end and past each head dim. kbase and
- * vbase: the offsets of KV head hk's row 0 (contiguous: in the sequence's
- * cache; paged: in page 0); kp: the keys' pages (paged caches). */
-template <int D, int RT, typename T>
-__device__ __forceinline__ void load_stage(const dec_params &p, T *sK, T *sV, int b, int hk,
-                                           int64_t kbase, int64_t vbase, int64_t n0, int64_t n_end,
-                                           const key_pages<D, RT> &kp)
+/* 16 bytes from global src to shared dst (bytes of them; the rest zero),
+ * with the loads' L2 prefetch size (p.l2_prefetch). */
+__device__ __forceinline__ void cp_chunk(const dec_params &p, uint32_t dst, const void *src,
+                                         int bytes)
 {
-    constexpr int KT = dtile<D, RT>::KT, DS = dtile<D, RT>::DS, THREADS = dtile<D, RT>::THREADS;
-    constexpr int CH = dtile<D, RT>::CH;
-    const T *kc = (const T *)p.kc, *vc = (const T *)p.vc;
+    if (p.l2_prefetch == 256)
+        cp_async16_pf<256>(dst, src, bytes);
+    else if (p.l2_prefetch == 128)
+        cp_async16_pf<128>(dst, src, bytes);
+    else
+        cp_async16(dst, src, bytes);
+}
+
+/* Keys [n0, n0 + KT) of sequence b (those below n_end) into a stage: K rows
+ * at sK, V rows at sV (G::SB bytes apart), zero past n_end and past each
+ * head dim; F8: each key's descales at sKD, sVD. kbase and vbase: the
+ * offsets of KV head hk's row 0 (contiguous: in the sequence's cache; paged:
+ * in page 0); kp: the keys' pages (paged caches). */
+template <class G, typename E>
+__device__ __forceinline__ void load_stage(const dec_params &p, char *sK, char *sV, float *sKD,
+                                           float *sVD, int b, int hk, int64_t kbase, int64_t vbase,
+                                           int64_t n0, int64_t n_end, const key_pages<G::KPT> &kp)
+{
+    constexpr int KT = G::KT, CH = G::CH, CE = G::CE, SB = G::SB, THREADS = G::THREADS;
+    const E *kc = (const E *)p.kc, *vc = (const E *)p.vc;
+    const int64_t crow = p.kv_batch ? p.kv_batch[b] : b; /* a contiguous cache's row */
     if (p.aligned) {
 #pragma unroll
-        for (int i = 0; i < dtile<D, RT>::KPT; i++) {
+        for (int i = 0; i < G::KPT; i++) {
             const int c = threadIdx.x + i * THREADS, key = c / CH, ch = c % CH;
             const int64_t j = n0 + key;
             const bool live = j < n_end;
@@ -152,34 +192,69 @@ __device__ __forceinline__ void load_stage(const dec_params &p, T *sK, T *sV, in
                 ko = kbase + kp.page[i] * p.k_sb + kp.slot[i] * p.k_ss;
                 vo = vbase + kp.page[i] * p.v_sb + kp.slot[i] * p.v_ss;
             }
-            const bool kl = live && ch * 8 < p.d, vl = live && ch * 8 < p.dv;
-            const uint32_t dk = smem_u32(sK + key * DS + ch * 8),
-                           dv = smem_u32(sV + key * DS + ch * 8);
-            const void *sk = kl ? (const void *)(kc + ko + ch * 8) : kc;
-            const void *sv = vl ? (const void *)(vc + vo + ch * 8) : vc;
-            if (p.l2_prefetch == 256) {
-                cp_async16_pf<256>(dk, sk, kl ? 16 : 0);
-                cp_async16_pf<256>(dv, sv, vl ? 16 : 0);
-            } else if (p.l2_prefetch == 128) {
-                cp_async16_pf<128>(dk, sk, kl ? 16 : 0);
-                cp_async16_pf<128>(dv, sv, vl ? 16 : 0);
-            } else {
-                cp_async16(dk, sk, kl ? 16 : 0);
-                cp_async16(dv, sv, vl ? 16 : 0);
+            const bool kl = live && ch * CE < p.d, vl = live && ch * CE < p.dv;
+            cp_chunk(p, smem_u32(sK + key * SB + ch * 16),
+                     kl ? (const void *)(kc + ko + ch * CE) : kc, kl ? 16 : 0);
+            cp_chunk(p, smem_u32(sV + key * SB + ch * 16),
+                     vl ? (const void *)(vc + vo + ch * CE) : vc, vl ? 16 : 0);
+            if (G::EB == 1 && ch == 0) {
+                const int64_t di = descale_index(p, p.page_table ? kp.page[i] : crow, hk);
+                cp_async4(smem_u32(sKD + key), live ? p.k_descale + di : p.k_descale, live ? 4 : 0);
+                cp_async4(smem_u32(sVD + key), live ? p.v_descale + di : p.v_descale, live ? 4 : 0);
             }
         }
     } else { /* rows not in 16-byte chunks: element by element (correct, slower) */
-        for (int e = threadIdx.x; e < KT * D; e += THREADS) {
-            const int key = e / D, c = e % D;
+        for (int e = threadIdx.x; e < KT * G::DIM; e += THREADS) {
+            const int key = e / G::DIM, c = e % G::DIM;
             const bool live = n0 + key < n_end;
-            T kx = T(0.0f), vx = T(0.0f);
+            E kx = E(0), vx = E(0);
             if (live && c < p.d)
                 kx = kc[cache_row(p, b, n0 + key, hk, p.k_sb, p.k_ss, p.k_sh) + c];
             if (live && c < p.dv)
                 vx = vc[cache_row(p, b, n0 + key, hk, p.v_sb, p.v_ss, p.v_sh) + c];
-            sK[key * DS + c] = kx;
-            sV[key * DS + c] = vx;
+            ((E *)(sK + key * SB))[c] = kx;
+            ((E *)(sV + key * SB))[c] = vx;
+            if (G::EB == 1 && c == 0) {
+                int64_t row = crow;
+                if (p.page_table && live) {
+                    int32_t slot;
+                    int32_t page;
+                    page_slot(p, b, n0 + key, &page, &slot);
+                    row = page;
+                }
+                const int64_t di = descale_index(p, row, hk);
+                sKD[key] = live ? p.k_descale[di] : 0.0f;
+                sVD[key] = live ? p.v_descale[di] : 0.0f;
+            }
         }
+    }
+}
+
+/* Four e4m3 codes (a word) as two f16 pairs of 2^-8 times their values. */
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t w, uint32_t *lo, uint32_t *hi)
+{
+    const uint32_t a = __byte_perm(w, 0, 0x4140), b = __byte_perm(w, 0, 0x4342);
+    *lo = ((a & 0x007F007Fu) << 7) | ((a & 0x00800080u) << 8);
+    *hi = ((b & 0x007F007Fu) << 7) | ((b & 0x00800080u) << 8);
+}
+
+/* An FP8 stage's K and V codes into the f16 tile cur (K rows, then V rows,
+ * DS elements apart). */
+template <class G>
+__device__ __forceinline__ void decode_stage(const char *sK, const char *sV, __half *cur)
+{
+    constexpr int KT = G::KT, CH = G::CH, SB = G::SB, DS = G::DS;
+    for (int c = threadIdx.x; c < 2 * KT * CH; c += G::THREADS) {
+        const int kv = c / (KT * CH), key = c / CH % KT, ch = c % CH;
+        const uint4 w = *(const uint4 *)((kv ? sV : sK) + key * SB + ch * 16);
+        uint4 o0, o1;
+        e4m3x4_to_f16(w.x, &o0.x, &o0.y);
+        e4m3x4_to_f16(w.y, &o0.z, &o0.w);
+        e4m3x4_to_f16(w.z, &o1.x, &o1.y);
+        e4m3x4_to_f16(w.w, &o1.z, &o1.w);
+        uint4 *dst = (uint4 *)(cur + (kv * KT + key) * DS + ch * 16);
+        dst[0] = o0;
+        dst[1] = o1;
     }
 }
 
@@ -201,19 +276,27 @@ __device__ __forceinline__ float rotated(const T *src, int c, int rotary_dim, in
 
 /* One block: RT x 16 rows of (sequence b, KV head hk), keys of one split.
  * Grid: x = (b * kv_heads + hk) * row_blocks + row block, y = split. */
-template <int D, bool BF16, int RT>
-__global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
+template <int D, bool BF16, int RT, bool F8>
+__global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::MINB)
     decode_kernel(const dec_params p)
 {
     typedef typename elem<BF16>::T T;
-    typedef dtile<D, RT> G;
+    typedef typename elem<BF16 && !F8>::T MT; /* the products' inputs: f16 for FP8 caches */
+    typedef typename std::conditional<F8, uint8_t, T>::type E; /* a cache element */
+    constexpr bool MB = BF16 && !F8;
+    typedef dtile<D, RT, F8> G;
     constexpr int KT = G::KT, BN = G::BN, DS = G::DS, STAGES = G::STAGES, KQ = G::KQ;
-    constexpr int DW = D / G::DSPLIT; /* columns of a warp's P.V */
+    constexpr int SB = G::SB, DW = D / G::DSPLIT; /* DW: columns of a warp's P.V */
     extern __shared__ __align__(16) unsigned char smem[];
-    T *sQ = (T *)smem;          /* [16 * RT][DS] */
-    T *sKV = sQ + 16 * RT * DS; /* STAGES x ([KT][DS] K, [KT][DS] V) */
-    float *sM = (float *)sKV;   /* after the loop: [RT][KQ][16] max, sum, then [RT][KQ][16][D] o */
+    MT *sQ = (MT *)smem;                         /* [16 * RT][DS] */
+    char *sBody = (char *)(sQ + 16 * RT * DS);   /* STAGES x stage, then cur */
+    MT *cur = (MT *)(sBody + STAGES * G::STAGE); /* F8: [2][KT][DS], K then V */
+    float *sM = (float *)sBody; /* after the loop: [RT][KQ][16] max, sum, then [RT][KQ][16][D] o */
     float *sL = sM + RT * KQ * 16, *sO = sL + RT * KQ * 16;
+    auto stage_k = [&](int s) { return sBody + s * G::STAGE; };
+    auto stage_v = [&](int s) { return sBody + s * G::STAGE + KT * SB; };
+    auto stage_kd = [&](int s) { return (float *)(sBody + s * G::STAGE + 2 * KT * SB); };
+    auto stage_vd = [&](int s) { return stage_kd(s) + KT; };
 
     const int rb = blockIdx.x % p.row_blocks;
     const int hk = (blockIdx.x / p.row_blocks) % p.kv_heads;
@@ -250,18 +333,51 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
         }
     }
 
-    /* Q: row r is q[b, i, hk * group + g]. */
+    /* Q: row r is q[b, i, hk * group + g]; F8: times a power of two that
+     * brings the row's largest magnitude into [2^13, 2^14) (sM holds them
+     * until the stages are loaded). */
     const T *q = (const T *)p.q;
+    auto q_at = [&](int r, int c) {
+        const int pr = r0 + r;
+        return q[b * p.q_sb + (int64_t)(pr / p.group) * p.q_ss +
+                 (int64_t)(hk * p.group + pr % p.group) * p.q_sh + c];
+    };
+    float rowf[2] = {1.0f, 1.0f}; /* F8: what takes a score of the f16 tiles back to q . k */
+    if (F8) {
+        for (int r = warp; r < 16 * RT; r += G::WARPS) {
+            float mx = 0.0f;
+            for (int c = lane; r < rows && c < p.d; c += 32)
+                mx = fmaxf(mx, fabsf((float)q_at(r, c)));
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            if (lane == 0)
+                sM[r] = mx > 0.0f && mx <= 3.0e38f ? ldexpf(1.0f, 13 - ilogbf(mx)) : 1.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rh = 0; rh < 2; rh++)
+            rowf[rh] = 256.0f / sM[rl * 16 + lane / 4 + rh * 8];
+    }
     for (int e = threadIdx.x; e < 16 * RT * D; e += G::THREADS) {
         const int r = e / D, c = e % D;
-        T x = T(0.0f);
-        if (r < rows && c < p.d) {
-            const int pr = r0 + r;
-            x = q[b * p.q_sb + (int64_t)(pr / p.group) * p.q_ss +
-                  (int64_t)(hk * p.group + pr % p.group) * p.q_sh + c];
-        }
-        sQ[r * DS + c] = x;
+        float x = 0.0f;
+        if (r < rows && c < p.d)
+            x = (float)q_at(r, c) * (F8 ? sM[r] : 1.0f);
+        sQ[r * DS + c] = MT(x);
     }
+    /* F8: the value descale that P is taken relative to (the split's first key's). */
+    float vref = 1.0f;
+    if (F8 && n_begin < n_end) {
+        int64_t row = p.kv_batch ? p.kv_batch[b] : b;
+        if (p.page_table) {
+            int32_t page, slot;
+            page_slot(p, b, n_begin, &page, &slot);
+            row = page;
+        }
+        vref = p.v_descale[descale_index(p, row, hk)];
+    }
+    __syncthreads(); /* sM's row scales read: the stages may fill */
 
     int64_t kbase = (int64_t)hk * p.k_sh, vbase = (int64_t)hk * p.v_sh;
     if (!p.page_table) {
@@ -269,18 +385,18 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
         kbase += row * p.k_sb;
         vbase += row * p.v_sb;
     }
-    key_pages<D, RT> kp;
+    key_pages<G::KPT> kp;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) {
-            tile_pages(p, b, n_begin + (int64_t)s * KT, n_end, kp);
-            load_stage<D, RT>(p, sKV + s * 2 * KT * DS, sKV + s * 2 * KT * DS + KT * DS, b, hk,
-                              kbase, vbase, n_begin + (int64_t)s * KT, n_end, kp);
+            tile_pages<G>(p, b, n_begin + (int64_t)s * KT, n_end, kp);
+            load_stage<G, E>(p, stage_k(s), stage_v(s), stage_kd(s), stage_vd(s), b, hk, kbase,
+                             vbase, n_begin + (int64_t)s * KT, n_end, kp);
         }
         cp_async_commit();
     }
     if (STAGES - 1 < ntiles)
-        tile_pages(p, b, n_begin + (int64_t)(STAGES - 1) * KT, n_end, kp);
+        tile_pages<G>(p, b, n_begin + (int64_t)(STAGES - 1) * KT, n_end, kp);
 
     float o[DW / 8][4];
 #pragma unroll
@@ -294,18 +410,23 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
         {
             const int tn = t + STAGES - 1, st = tn % STAGES;
             if (tn < ntiles) {
-                load_stage<D, RT>(p, sKV + st * 2 * KT * DS, sKV + st * 2 * KT * DS + KT * DS, b,
-                                  hk, kbase, vbase, n_begin + (int64_t)tn * KT, n_end, kp);
+                load_stage<G, E>(p, stage_k(st), stage_v(st), stage_kd(st), stage_vd(st), b, hk,
+                                 kbase, vbase, n_begin + (int64_t)tn * KT, n_end, kp);
                 if (tn + 1 < ntiles)
-                    tile_pages(p, b, n_begin + (int64_t)(tn + 1) * KT, n_end, kp);
+                    tile_pages<G>(p, b, n_begin + (int64_t)(tn + 1) * KT, n_end, kp);
             }
             cp_async_commit();
         }
+        const MT *cK = (const MT *)stage_k(t % STAGES) + kq * BN * DS;
+        if (F8) {
+            decode_stage<G>(stage_k(t % STAGES), stage_v(t % STAGES), (__half *)cur);
+            __syncthreads(); /* tile t decoded */
+            cK = cur + kq * BN * DS;
+        }
         if (wrows <= 0)
             continue; /* the last row block's second tile may hold no rows */
-        const T *cK = sKV + (t % STAGES) * 2 * KT * DS + kq * BN * DS;
-        const T *cV = cK + KT * DS;
-        const T *wQ = sQ + rl * 16 * DS;
+        const MT *cV = cK + KT * DS;
+        const MT *wQ = sQ + rl * 16 * DS;
         const int64_t n0 = n_begin + (int64_t)t * KT + kq * BN;
 
         float s[BN / 8][4];
@@ -321,9 +442,17 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
                 uint32_t bk[4];
                 ldmatrix_x4(bk, smem_u32(cK + (np * 16 + lane % 8 + (lane / 16) * 8) * DS +
                                          kk * 16 + ((lane / 8) % 2) * 8));
-                mma<BF16>(s[2 * np], a, bk[0], bk[1]);
-                mma<BF16>(s[2 * np + 1], a, bk[2], bk[3]);
+                mma<MB>(s[2 * np], a, bk[0], bk[1]);
+                mma<MB>(s[2 * np + 1], a, bk[2], bk[3]);
             }
+        }
+        if (F8) { /* the rows' powers of two out, the keys' descales in */
+            const float *kd = stage_kd(t % STAGES) + kq * BN;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[i][e] *= rowf[e / 2] * kd[i * 8 + (lane % 4) * 2 + e % 2];
         }
         if (p.softcap_out != 0.0f) {
 #pragma unroll
@@ -365,22 +494,31 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
                 o[i][2 * rh + 1] *= alpha;
             }
         }
+        if (F8) { /* P times each value's descale, relative to vref */
+            const float *vd = stage_vd(t % STAGES) + kq * BN;
+            const float inv_ref = 1.0f / vref;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[i][e] *= vd[i * 8 + (lane % 4) * 2 + e % 2] * inv_ref;
+        }
         /* O += P V over this warp's columns, P from S's accumulators. */
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t pa[4];
-            pa[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pa[0] = pack2<MB>(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack2<MB>(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack2<MB>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack2<MB>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
             for (int dp = 0; dp < DW / 16; dp++) {
                 uint32_t bv[4];
                 ldmatrix_x4_trans(bv,
                                   smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
                                            dh * DW + dp * 16 + (lane / 16) * 8));
-                mma<BF16>(o[2 * dp], pa, bv[0], bv[1]);
-                mma<BF16>(o[2 * dp + 1], pa, bv[2], bv[3]);
+                mma<MB>(o[2 * dp], pa, bv[0], bv[1]);
+                mma<MB>(o[2 * dp + 1], pa, bv[2], bv[3]);
             }
         }
     }
@@ -408,6 +546,7 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
 
     /* Merge each row tile's key quarters and store: the output itself, or
      * this split's normalised part and LSE. */
+    const float oscale = F8 ? 256.0f * vref : 1.0f; /* F8: the values' 2^-8 and vref out */
     for (int e = threadIdx.x; e < 16 * RT * D; e += G::THREADS) {
         const int r = e / D, c = e % D;
         if (r >= rows || c >= p.dv)
@@ -426,7 +565,7 @@ __global__ void __launch_bounds__(dtile<D, RT>::THREADS, dtile<D, RT>::MINB)
             x += sO[(m0 + w * 16) * D + c] * f;
         }
         const int pr = r0 + r, i = pr / p.group, h = hk * p.group + pr % p.group;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = l > 0.0f ? oscale / l : 0.0f;
         /* A NaN row keeps a NaN LSE; a row of no key -inf (store_lse's rule). */
         const float lse = l > 0.0f || l != l ? (mx + log2f(l)) * 0.69314718055994531f : -INFINITY;
         const int64_t lrow = ((int64_t)b * p.heads + h) * p.sq + i;
@@ -480,26 +619,59 @@ __global__ void merge_splits(const dec_params p)
 }
 
 /* The new keys (rotated) and values into the caches: one block per (new
- * token i, sequence b), threads over KV heads and channels. */
-template <typename T>
+ * token i, sequence b), threads over KV heads and channels. E: the caches'
+ * element, T or (FP8 caches) an e4m3 code of value / descale. */
+template <typename T, typename E>
+__device__ __forceinline__ void cache_put(const dec_params &p, E *dst, float x, const float *ds,
+                                          int b, int64_t pos, int h)
+{
+    if constexpr (std::is_same<E, uint8_t>::value) {
+        int64_t row = p.kv_batch ? p.kv_batch[b] : b;
+        if (p.page_table) {
+            int32_t page, slot;
+            page_slot(p, b, pos, &page, &slot);
+            row = page;
+        }
+        *dst = (uint8_t)__nv_cvt_float_to_fp8(x / ds[descale_index(p, row, h)], __NV_SATFINITE,
+                                              __NV_E4M3);
+    } else {
+        *dst = T(x);
+    }
+}
+
+template <typename T, typename E>
 __global__ void append_kv(const dec_params p, const T *k_new, const T *v_new, int64_t kn_sb,
                           int64_t kn_ss, int64_t kn_sh, int64_t vn_sb, int64_t vn_ss, int64_t vn_sh,
                           const float *cos_t, const float *sin_t, int rotary_dim, int interleaved)
 {
     const int i = blockIdx.x, b = blockIdx.y;
     const int64_t pos = p.cache_seqlens[b] + i;
-    T *kc = (T *)p.kc, *vc = (T *)p.vc;
+    E *kc = (E *)p.kc, *vc = (E *)p.vc;
     for (int e = threadIdx.x; e < p.kv_heads * p.d; e += blockDim.x) {
         const int h = e / p.d, c = e % p.d;
         const T *src = k_new + b * kn_sb + (int64_t)i * kn_ss + (int64_t)h * kn_sh;
-        kc[cache_row(p, b, pos, h, p.k_sb, p.k_ss, p.k_sh) + c] =
-            T(rotated(src, c, rotary_dim, interleaved, cos_t, sin_t, pos));
+        cache_put<T>(p, kc + cache_row(p, b, pos, h, p.k_sb, p.k_ss, p.k_sh) + c,
+                     rotated(src, c, rotary_dim, interleaved, cos_t, sin_t, pos), p.k_descale, b,
+                     pos, h);
     }
     for (int e = threadIdx.x; e < p.kv_heads * p.dv; e += blockDim.x) {
         const int h = e / p.dv, c = e % p.dv;
-        vc[cache_row(p, b, pos, h, p.v_sb, p.v_ss, p.v_sh) + c] =
-            v_new[b * vn_sb + (int64_t)i * vn_ss + (int64_t)h * vn_sh + c];
+        cache_put<T>(p, vc + cache_row(p, b, pos, h, p.v_sb, p.v_ss, p.v_sh) + c,
+                     (float)v_new[b * vn_sb + (int64_t)i * vn_ss + (int64_t)h * vn_sh + c],
+                     p.v_descale, b, pos, h);
     }
+}
+
+/* append_kv on caches of T, or of e4m3 codes (f8). */
+template <typename T>
+void launch_append(const dec_params &p, bool f8, dim3 grid, cudaStream_t stream,
+                   const fmha_kvcache_args *a, int rd, int il)
+{
+    const fmha_tensor &kn = a->k_new, &vn = a->v_new;
+    auto kernel = f8 ? append_kv<T, uint8_t> : append_kv<T, T>;
+    kernel<<<grid, 256, 0, stream>>>(p, (const T *)kn.data, (const T *)vn.data, kn.stride_batch,
+                                     kn.stride_seq, kn.stride_head, vn.stride_batch, vn.stride_seq,
+                                     vn.stride_head, a->rotary_cos, a->rotary_sin, rd, il);
 }
 
 /* q rotated into q_rot (contiguous [batch, sq, heads, d]): one block per
@@ -566,7 +738,19 @@ void fill_params(const fmha_problem *pb, dec_params *p)
     p->window_left = cfg->window_left;
     p->window_right = cfg->window_right;
     p->out_dtype = a->out.dtype;
-    p->aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
+    p->k_descale = kv->k_descale;
+    p->v_descale = kv->v_descale;
+    p->kv_descale_layout = (int)kv->kv_descale_layout;
+    if (a->k.dtype == FMHA_DTYPE_F8_E4M3) { /* rows in 16-byte chunks of 16 codes */
+        const fmha_tensor *c[2] = {&a->k, &a->v};
+        p->aligned = 1;
+        for (int i = 0; i < 2; i++)
+            p->aligned &= (uintptr_t)c[i]->data % 16 == 0 && c[i]->stride_batch % 16 == 0 &&
+                          c[i]->stride_seq % 16 == 0 && c[i]->stride_head % 16 == 0 &&
+                          c[i]->head_dim % 16 == 0;
+    } else {
+        p->aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
+    }
     p->splits = 1;
 }
 
@@ -597,12 +781,12 @@ int choose_splits(int64_t blocks, int64_t slots, int64_t max_keys, int kt, int64
     return best;
 }
 
-template <int D, bool BF16, int RT>
+template <int D, bool BF16, int RT, bool F8>
 fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cudaStream_t stream)
 {
-    typedef dtile<D, RT> G;
+    typedef dtile<D, RT, F8> G;
     const size_t smem = G::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(decode_kernel<D, BF16, RT>,
+    cudaError_t err = cudaFuncSetAttribute(decode_kernel<D, BF16, RT, F8>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int dev = 0, sms = 1, per_sm = 1;
     if (err == cudaSuccess)
@@ -610,7 +794,7 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
     if (err == cudaSuccess)
         err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err == cudaSuccess)
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<D, BF16, RT>,
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<D, BF16, RT, F8>,
                                                             G::THREADS, smem);
     if (err != cudaSuccess)
         return cuda_error(err, "preparing the decode kernel");
@@ -645,7 +829,7 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
         p.part_lse = p.part_o + (size_t)p.splits * (size_t)nrows * (size_t)pb->dv;
     }
     dim3 grid((unsigned)blocks, (unsigned)p.splits);
-    decode_kernel<D, BF16, RT><<<grid, G::THREADS, smem, stream>>>(p);
+    decode_kernel<D, BF16, RT, F8><<<grid, G::THREADS, smem, stream>>>(p);
     if (p.splits > 1 && (err = cudaGetLastError()) == cudaSuccess) {
         const int64_t nrows = pb->batch * pb->heads * pb->max_sq;
         merge_splits<<<(unsigned)((nrows + 3) / 4), 128, 0, stream>>>(p);
@@ -654,15 +838,19 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the decode kernel launch");
 }
 
-/* Two row tiles per block where a KV head has more than 16 rows (head dims
- * to 128: above, the block's accumulators would not fit its registers). */
+/* FP8 caches on their kernel; else two row tiles per block where a KV head
+ * has more than 16 rows (head dims to 128: above, the block's accumulators
+ * would not fit its registers). */
 template <int D, bool BF16>
 fmha_status launch_rows(dec_params &p, const fmha_problem *pb, fmha_workspace *ws,
                         cudaStream_t stream)
 {
-    if (D <= 128 && p.rows > 16)
-        return launch < D, BF16, D <= 128 ? 2 : 1 > (p, pb, ws, stream);
-    return launch<D, BF16, 1>(p, pb, ws, stream);
+    constexpr int RT2 = D <= 128 ? 2 : 1;
+    if (pb->args->k.dtype == FMHA_DTYPE_F8_E4M3)
+        return launch<D, BF16, 1, true>(p, pb, ws, stream);
+    if (p.rows > 16)
+        return launch<D, BF16, RT2, false>(p, pb, ws, stream);
+    return launch<D, BF16, 1, false>(p, pb, ws, stream);
 }
 
 } // namespace
@@ -782,17 +970,11 @@ extern "C" fmha_status fmha_cuda_kv_append(const fmha_problem *pb, const fmha_kv
     const int rd = (int)a->rotary_dim, il = a->rotary_interleaved;
     if (pb->seqlen_new > 0) {
         dim3 grid((unsigned)pb->seqlen_new, (unsigned)pb->batch);
-        const fmha_tensor &kn = a->k_new, &vn = a->v_new;
+        const bool f8 = pb->args->k.dtype == FMHA_DTYPE_F8_E4M3;
         if (bf16)
-            append_kv<__nv_bfloat16><<<grid, 256, 0, stream>>>(
-                p, (const __nv_bfloat16 *)kn.data, (const __nv_bfloat16 *)vn.data, kn.stride_batch,
-                kn.stride_seq, kn.stride_head, vn.stride_batch, vn.stride_seq, vn.stride_head,
-                a->rotary_cos, a->rotary_sin, rd, il);
+            launch_append<__nv_bfloat16>(p, f8, grid, stream, a, rd, il);
         else
-            append_kv<__half><<<grid, 256, 0, stream>>>(
-                p, (const __half *)kn.data, (const __half *)vn.data, kn.stride_batch, kn.stride_seq,
-                kn.stride_head, vn.stride_batch, vn.stride_seq, vn.stride_head, a->rotary_cos,
-                a->rotary_sin, rd, il);
+            launch_append<__half>(p, f8, grid, stream, a, rd, il);
     }
     if (rd > 0 && pb->max_sq > 0) {
         const int per_query = fmha_rotary_per_query(pb->cfg);

@@ -61,6 +61,12 @@ __device__ __forceinline__ void cp_async16_pf(uint32_t dst, const void *src, int
         cp_async16(dst, src, bytes);
 }
 
+/* 4 bytes from global src to shared dst (bytes of them; the rest zero), through L1. */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
 __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::);

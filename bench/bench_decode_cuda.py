@@ -28,7 +28,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results_md  # noqa: E402
 
-HEADINGS = {"decode-cuda": "Decode on the GPU (KV caches, bf16)"}
+HEADINGS = {"decode-cuda": "Decode on the GPU (KV caches, bf16)",
+            "decode-cuda-fp8": "Decode on the GPU, FP8 KV caches against bf16"}
 # shapes whose caches exceed these are left out (80 GB cards; a paged run holds the caches twice)
 KV_BYTES_MAX, PAGED_KV_BYTES_MAX = 36 << 30, 16 << 30
 KERNELS = ("decode_kernel", "merge_splits")
@@ -131,6 +132,75 @@ def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None):
     return kus, call_ms, sdpa_ms, nbytes, diff
 
 
+def paged_pool(x, table, page):
+    """[B, Hkv, S, D] caches as a pool of pages in table's order, viewed as
+    bytes so that FP8 tensors copy too."""
+    B, Hkv, S, D = x.shape
+    pages = table.numel()
+    flat = x.transpose(1, 2).reshape(pages, page, Hkv, D)
+    u = flat.view(torch.uint8) if x.element_size() == 1 else flat.view(torch.int16)
+    pool = torch.empty_like(u)
+    pool[table.reshape(-1).long()] = u
+    return pool.view(x.dtype)
+
+
+def rel_l2_f64(out, q, k, v, batches):
+    """Relative L2 of out against float64 attention over k, v, on the first
+    `batches` sequences."""
+    num = den = 0.0
+    g = q.shape[2] // k.shape[1]
+    for b in range(batches):
+        qb = q[b].double().transpose(0, 1)                    # [H, 1, D]
+        kb = k[b].double().repeat_interleave(g, dim=0)        # [H, S, D]
+        vb = v[b].double().repeat_interleave(g, dim=0)
+        w = torch.softmax(qb @ kb.transpose(1, 2) / qb.shape[-1] ** 0.5, dim=-1)
+        want = (w @ vb).transpose(0, 1)                        # [1, H, D]
+        num += (out[b].double() - want).pow(2).sum().item()
+        den += want.pow(2).sum().item()
+    return (num / den) ** 0.5
+
+
+def run_fp8(fmha, name, batch, heads, kv_heads, d, cache, page, iters):
+    """fmha's decode on the same caches in bf16 and as FP8 (e4m3, one
+    descale per KV head from its largest magnitude): kernel times, and each
+    output's error against float64 attention over the bf16 caches."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    q = torch.randn(batch, 1, heads, d, device="cuda", dtype=bf, generator=g)
+    k = torch.randn(batch, kv_heads, cache, d, device="cuda", dtype=bf, generator=g)
+    v = torch.randn(batch, kv_heads, cache, d, device="cuda", dtype=bf, generator=g)
+    kd = (k.float().abs().amax(dim=(0, 2, 3)) / 448).clamp(min=1e-12)
+    vd = (v.float().abs().amax(dim=(0, 2, 3)) / 448).clamp(min=1e-12)
+    k8 = (k.float() / kd[None, :, None, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    v8 = (v.float() / vd[None, :, None, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    lens = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
+    layer = fmha.Attention(heads, d, num_kv_heads=kv_heads)
+    table = None
+    if page:
+        table = torch.randperm(batch * cache // page, device="cuda",
+                               generator=g).to(torch.int32).reshape(batch, cache // page)
+        caches = (paged_pool(k, table, page), paged_pool(v, table, page),
+                  paged_pool(k8, table, page), paged_pool(v8, table, page))
+    else:
+        caches = (k.transpose(1, 2), v.transpose(1, 2), k8.transpose(1, 2), v8.transpose(1, 2))
+    out16 = torch.empty(batch, 1, heads, d, device="cuda", dtype=bf)
+    out8 = torch.empty_like(out16)
+
+    def bf16_call():
+        layer.decode(q, caches[0], caches[1], cache_seqlens=lens, block_table=table, out=out16)
+
+    def fp8_call():
+        layer.decode(q, caches[2], caches[3], cache_seqlens=lens, block_table=table, out=out8,
+                     k_descale=kd, v_descale=vd)
+
+    us16, us8 = kernel_us(bf16_call, iters), kernel_us(fp8_call, iters)
+    nb = min(batch, 4)
+    err16 = rel_l2_f64(out16, q, k, v, nb)
+    err8 = rel_l2_f64(out8, q, k, v, nb)
+    bytes8 = 2 * batch * cache * kv_heads * d + 2 * batch * heads * d * 2
+    return us16, us8, bytes8, err16, err8
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", help="libfmha.so to load (default: the package's)")
@@ -142,6 +212,8 @@ def main():
     ap.add_argument("--sweep-env", default="", metavar="VAR=V,...",
                     help="with --sweep: environment settings to time under, ';'-separated "
                          "('' : as set)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="FP8 caches against bf16 on the same shapes (speed and accuracy)")
     results_md.add_arguments(ap, HEADINGS)
     opt = ap.parse_args()
     if opt.lib:
@@ -174,6 +246,30 @@ def main():
                                              (envs, splits))):
                 print(f"{name} b{b} {h}/{hk} d{d} {cache} p{page or '-'} {env or '-'}: " +
                       " ".join(f"{x:.1f}" for x in times), flush=True)
+        return
+    if opt.fp8:
+        rows = []
+        for name, b, h, hk, d, cache, page in shapes:
+            if 3 * b * cache * hk * d * 2 > (PAGED_KV_BYTES_MAX if page else KV_BYTES_MAX):
+                continue
+            us16, us8, nb8, e16, e8 = run_fp8(fmha, name, b, h, hk, d, cache, page, opt.iters)
+            row = [name, str(b), f"{h}/{hk}", str(d), str(cache), str(page or "-"), f"{us16:.1f}",
+                   f"{us8:.1f}", f"{us16 / us8:.2f}", f"{nb8 / (us8 * 1e-6) / 1e12:.2f}",
+                   f"{100 * nb8 / (us8 * 1e-6) / copy:.0f}%", f"{e16:.2e}", f"{e8:.2e}"]
+            print(" ".join(row), flush=True)
+            rows.append(row)
+        body = results_md.table(["shape", "batch", "heads", "d", "cache", "page", "bf16 µs",
+                                 "fp8 µs", "bf16 / fp8", "fp8 TB/s", "of copy",
+                                 "bf16 rel-L2", "fp8 rel-L2"], rows, "lrlrrrrrrrrrr")
+        print(body)
+        opt.section = opt.section or "decode-cuda-fp8"
+        results_md.write(opt, [("Machine", results_md.gpu_machine(torch)), ("Library", f"`{opt.lib}`"),
+                               ("Peers", "fmha's bf16 decode on the same caches, same process; "
+                                f"device copy bandwidth {copy / 1e12:.2f} TB/s (same run)")],
+                         "fmha decode on bf16 caches and on the same caches as FP8 e4m3 (one "
+                         "descale per KV head, amax / 448), kernel times (torch profiler); "
+                         "rel-L2 of each output against float64 attention over the bf16 caches "
+                         "(first four sequences):\n\n" + body)
         return
     rows = []
     for name, b, h, hk, d, cache, page in shapes:

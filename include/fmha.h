@@ -675,7 +675,19 @@ FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_f
  * up to 256; validation reads cache_seqlens, cache_batch_idx and the block
  * table on the host, through one synchronous copy on `stream` per call (so
  * a decode call waits for the stream's earlier work before it queues its
- * own).
+ * own) — unless max_seqlen_k is given.
+ *
+ * max_seqlen_k > 0 bounds every sequence's keys (cached plus new). On the
+ * CPU a sequence past it is INVALID_ARGUMENT. On CUDA it lets the call run
+ * without that host copy (no synchronisation: a call a CUDA graph can
+ * capture): the host checks max_seqlen_k against the capacity and the
+ * rotary table, and the kernels check each sequence's own entries: a
+ * cache_seqlens entry negative or past max_seqlen_k (with the new tokens)
+ * or a cache_batch_idx outside the cache, and that sequence gets nothing
+ * appended; a block table entry outside the pool, and nothing is written
+ * into the page it names. Either way the sequence's out rows and LSE are
+ * NaN; the other sequences run as usual. The split of long caches is
+ * planned for max_seqlen_k keys.
  *
  * FP8 caches: k_cache and v_cache may both be f8_e4m3 while q, k_new, v_new
  * are the layer's f16/bf16/f32 (cfg.dtype): cache element x stands for
@@ -713,6 +725,7 @@ typedef struct fmha_kvcache_args {
     void *stream;
     const float *k_descale, *v_descale; /* f8_e4m3 caches only (both required); NULL otherwise */
     fmha_kv_descale_layout kv_descale_layout;
+    int64_t max_seqlen_k; /* 0, or a bound on every sequence's keys (above) */
 } fmha_kvcache_args;
 
 /* Runs one decode call on a layer (its heads, head dims, dtype, scale, masks

@@ -245,8 +245,10 @@ static fmha_status decode(fmha_layer *layer, const fmha_kvcache_args *args)
     if (!args) /* validation's message */
         return fmha_validate_decode(&layer->cfg, NULL, NULL, NULL);
     fmha_kvcache_host copies = {NULL, NULL, NULL};
-    fmha_status st =
-        layer->be->host_kvcache ? layer->be->host_kvcache(args, &copies) : FMHA_STATUS_OK;
+    /* max_seqlen_k lets a device's kernels check the arrays themselves (fmha.h) */
+    fmha_status st = layer->be->host_kvcache && args->max_seqlen_k <= 0
+                         ? layer->be->host_kvcache(args, &copies)
+                         : FMHA_STATUS_OK;
     if (st == FMHA_STATUS_OK)
         st = decode_validated(layer, args, &copies);
     fmha_free(copies.cache_seqlens);

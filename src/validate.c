@@ -438,8 +438,10 @@ static fmha_status check_rotary(const fmha_config *cfg, const fmha_kvcache_args 
     if (!a->k_new.data)
         return INVALID("rotary embedding rotates the new keys as they enter the cache: pass k_new "
                        "and v_new with rotary_cos / rotary_sin");
-    for (int64_t b = 0; b < pb->batch; b++) {
-        const int64_t cached = fmha_cache_keys(pb, b) - pb->seqlen_new;
+    /* Arrays checked on the device: every sequence at the bound, the worst case. */
+    for (int64_t b = 0; b < (pb->device_checked ? 1 : pb->batch); b++) {
+        const int64_t cached = pb->device_checked ? pb->max_sk - pb->seqlen_new
+                                                  : fmha_cache_keys(pb, b) - pb->seqlen_new;
         const int64_t last_q = fmha_rotary_q_pos(cfg, cached, a->q.seqlen - 1);
         const int64_t last =
             cached + pb->seqlen_new - 1 > last_q ? cached + pb->seqlen_new - 1 : last_q;
@@ -473,7 +475,7 @@ static fmha_status check_cache_layout(const fmha_kvcache_args *a, fmha_problem *
     } else {
         pb->capacity = kc->seqlen;
         pb->kv_batch = a->cache_batch_idx;
-        for (int64_t b = 0; a->cache_batch_idx && b < pb->batch; b++)
+        for (int64_t b = 0; a->cache_batch_idx && !pb->device_checked && b < pb->batch; b++)
             if (a->cache_batch_idx[b] < 0 || a->cache_batch_idx[b] >= kc->batch)
                 return INVALID(
                     "cache_batch_idx[%lld] (%d) is not a row of the cache (k_cache.batch "
@@ -490,6 +492,24 @@ static fmha_status check_cache_layout(const fmha_kvcache_args *a, fmha_problem *
                        (long long)pb->seqlen_new);
     pb->cache_seqlens = a->cache_seqlens;
     pb->max_sk = 0;
+    if (a->max_seqlen_k < 0)
+        return INVALID("max_seqlen_k (%lld) must be >= 0 (0: no bound given)",
+                       (long long)a->max_seqlen_k);
+    if (a->max_seqlen_k > pb->capacity)
+        return INVALID("max_seqlen_k (%lld) is past the cache's capacity of %lld%s: no "
+                       "sequence can hold that many keys; pass at most the capacity",
+                       (long long)a->max_seqlen_k, (long long)pb->capacity,
+                       a->block_table ? " (block_table_stride x page_size)" : "");
+    if (pb->device_checked) { /* the bound stands for the arrays, which the kernels check */
+        if (a->max_seqlen_k < pb->seqlen_new ||
+            (!a->cache_seqlens && a->max_seqlen_k < pb->capacity))
+            return INVALID("max_seqlen_k (%lld) is below the keys every sequence has (%lld): "
+                           "pass a bound on cached plus new tokens",
+                           (long long)a->max_seqlen_k,
+                           (long long)(a->cache_seqlens ? pb->seqlen_new : pb->capacity));
+        pb->max_sk = a->max_seqlen_k;
+        return FMHA_STATUS_OK;
+    }
     for (int64_t b = 0; b < pb->batch; b++) {
         const int64_t cached = a->cache_seqlens ? a->cache_seqlens[b] : pb->capacity;
         if (cached < 0)
@@ -503,6 +523,11 @@ static fmha_status check_cache_layout(const fmha_kvcache_args *a, fmha_problem *
                            a->block_table ? " (block_table_stride x page_size)" : "",
                            a->block_table ? " or the block table" : "");
         const int64_t keys = cached + pb->seqlen_new;
+        if (a->max_seqlen_k > 0 && keys > a->max_seqlen_k)
+            return INVALID("sequence %lld has %lld keys (cache_seqlens %lld + %lld new), past "
+                           "max_seqlen_k (%lld): raise the bound, or pass 0 for none",
+                           (long long)b, (long long)keys, (long long)cached,
+                           (long long)pb->seqlen_new, (long long)a->max_seqlen_k);
         if (keys > pb->max_sk)
             pb->max_sk = keys;
         if (!a->block_table)
@@ -653,6 +678,8 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     pb->seqlen_new = has_new ? a->k_new.seqlen : 0;
     pb->num_splits = a->num_splits;
     pb->pos_heads = pb->heads; /* the dropout stream's identity (no dropout here) */
+    /* Device memory without host copies of the arrays: the kernels check them. */
+    pb->device_checked = cfg->device != FMHA_DEVICE_CPU && a->max_seqlen_k > 0;
     pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
     pb->drop_rescale = 1.0;
     if (pb->batch > INT32_MAX / pb->heads)

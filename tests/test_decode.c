@@ -125,6 +125,8 @@ typedef struct dcase {
     fmha_dtype odt;
     int f8; /* FP8 caches, with descales laid out as kvl says */
     fmha_kv_descale_layout kvl;
+    int bound; /* pass max_seqlen_k (on CUDA: the arrays checked there) */
+    int64_t max_keys;
 } dcase;
 
 /* The inputs of one case, the caches twice (reference, fast path). */
@@ -185,6 +187,7 @@ static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
     c.page_size = pick(r, pages, 6);
     c.f8 = tu_range(r, 3) == 0;
     c.kvl = (fmha_kv_descale_layout)tu_range(r, 3);
+    c.bound = tu_range(r, 3) == 0;
     return c;
 }
 
@@ -229,6 +232,7 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
     }
     if (longest == 0) /* keep one key somewhere: caches have at least one row */
         longest = 1;
+    c->max_keys = longest; /* raised below by a little slack within the capacity */
     const fmha_dtype dt = c->cfg.dtype, cdt = c->f8 ? FMHA_DTYPE_F8_E4M3 : dt;
     if (c->paged) {
         c->stride = (longest + c->page_size - 1) / c->page_size + tu_range(r, 3);
@@ -241,6 +245,8 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
             perm[p] = perm[j];
             perm[j] = t;
         }
+        if (c->bound)
+            c->max_keys = longest + tu_range(r, c->stride * c->page_size - longest + 1);
         in->table = malloc(sizeof(int32_t) * (size_t)(c->stride * c->batch));
         for (int64_t i = 0; i < c->stride * c->batch; i++)
             in->table[i] = (int32_t)perm[i];
@@ -251,6 +257,8 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
         }
     } else {
         c->capacity = longest + tu_range(r, 9);
+        if (c->bound)
+            c->max_keys = longest + tu_range(r, c->capacity - longest + 1);
         c->use_batch_idx = tu_range(r, 2);
         c->cache_rows = c->batch + (c->use_batch_idx ? tu_range(r, 3) : 0);
         if (c->use_batch_idx) {
@@ -348,7 +356,8 @@ static fmha_kvcache_args args_of(const dcase *c, dinputs *in, int k)
                            .num_splits = c->splits,
                            .k_descale = in->kd,
                            .v_descale = in->vd,
-                           .kv_descale_layout = c->kvl};
+                           .kv_descale_layout = c->kvl,
+                           .max_seqlen_k = c->bound ? c->max_keys : 0};
     if (c->snew > 0) {
         a.k_new = in->knew.t;
         a.v_new = in->vnew.t;
@@ -537,6 +546,10 @@ static void describe(const dcase *c, char *buf, size_t n)
     if (c->paged) {
         size_t l = strlen(buf);
         snprintf(buf + l, n - l, " page%lld", (long long)c->page_size);
+    }
+    if (c->bound) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, " max_seqlen_k %lld", (long long)c->max_keys);
     }
     if (c->f8) {
         static const char *const layouts[3] = {"tensor", "head", "page"};
@@ -792,6 +805,17 @@ static void test_errors(tu_rng *r)
     a = good;
     a.num_splits = -1;
     expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "num_splits", "num_splits < 0");
+    a = good;
+    a.max_seqlen_k = c.stride * c.page_size + 1;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "past the cache's capacity",
+                   "max_seqlen_k above the capacity");
+#ifndef FMHA_TEST_CUDA /* on CUDA the bound stands for the arrays: test_device_checked */
+    in.cache_seqlens[0] = 3;
+    a.max_seqlen_k = 3 + c.snew - 1 > 0 ? 3 + c.snew - 1 : 1;
+    expect_refused(&c.cfg, &a, &in, FMHA_STATUS_INVALID_ARGUMENT, "past max_seqlen_k",
+                   "a sequence past max_seqlen_k");
+    in.cache_seqlens[0] = 0;
+#endif
     fmha_config cfg = c.cfg;
     cfg.dropout_p = 0.1;
     expect_refused(&cfg, &good, &in, FMHA_STATUS_INVALID_ARGUMENT, "dropout_p", "dropout");
@@ -864,6 +888,97 @@ static void test_errors(tu_rng *r)
     free_inputs(&in);
 }
 
+#ifdef FMHA_TEST_CUDA
+/* max_seqlen_k on CUDA: the index arrays are checked by the kernels. In a
+ * paged batch of at least 3, sequence 0's block table names a page past the
+ * pool and sequence 1's length is past the bound: both come out NaN (out
+ * and LSE); sequence 1 appends nothing, sequence 0 nothing into the page it
+ * lacks; the others as the reference says, and their new tokens in the
+ * cache. */
+static void test_device_checked(tu_rng *r)
+{
+    dcase c;
+    dinputs in;
+    do {
+        c = random_case(r, FMHA_CPU_ISA_AUTO);
+    } while (!c.paged || c.batch < 3 || c.snew == 0);
+    c.rotary_dim = 0; /* appended rows are then exact copies */
+    c.bound = 1;
+    c.lse = 1;
+    make_inputs(&c, &in, r);
+    in.cache_seqlens[0] = in.cache_seqlens[0] > 0 ? in.cache_seqlens[0] : 1;
+    if (in.cache_seqlens[0] + c.snew > c.max_keys)
+        in.cache_seqlens[0] = (int32_t)(c.max_keys - c.snew);
+    char desc[256];
+    describe(&c, desc, sizeof desc);
+    const size_t nt = (size_t)(c.batch * c.stride);
+    int32_t *table = malloc(sizeof(int32_t) * nt), *lens = malloc(sizeof(int32_t) * c.batch);
+    memcpy(table, in.table, sizeof(int32_t) * nt);
+    memcpy(lens, in.cache_seqlens, sizeof(int32_t) * c.batch);
+    table[0] = (int32_t)c.num_pages;              /* sequence 0: no such page */
+    lens[1] = (int32_t)(c.max_keys - c.snew + 1); /* sequence 1: past the bound */
+    const size_t kb = in.kc[1].alloc_bytes, vb = in.vc[1].alloc_bytes;
+    unsigned char *k0 = malloc(kb), *v0 = malloc(vb);
+    memcpy(k0, in.kc[1].alloc, kb);
+    memcpy(v0, in.vc[1].alloc, vb);
+    fmha_kvcache_args ar = args_of(&c, &in, 0), af = args_of(&c, &in, 1);
+    TU_CHECK(fmha_reference_decode(&c.cfg, &ar) == FMHA_STATUS_OK, "%s: reference: %s", desc,
+             fmha_last_error());
+    af.block_table = table;
+    af.cache_seqlens = lens;
+    const fmha_status st = run_decode(&c.cfg, &af);
+    TU_CHECK(st == FMHA_STATUS_OK, "%s: device-checked decode: %s", desc, fmha_last_error());
+    double err = 0;
+    int nan_ok = 1, good_finite = 1;
+    for (int64_t b = 0; b < c.batch; b++)
+        for (int64_t i = 0; i < c.sq; i++)
+            for (int64_t h = 0; h < c.heads; h++) {
+                const float l = in.lse[1][(b * c.heads + h) * c.sq + i];
+                if (b < 2)
+                    nan_ok &= isnan(l);
+                for (int64_t ch = 0; ch < c.dv; ch++) {
+                    const double x = tu_get(&in.out[1], b, i, h, ch);
+                    if (b < 2) {
+                        nan_ok &= isnan(x);
+                        continue;
+                    }
+                    good_finite &= isfinite(x);
+                    const double e = fabs(x - tu_get(&in.out[0], b, i, h, ch));
+                    err = e > err ? e : err;
+                }
+            }
+    TU_CHECK(nan_ok, "%s: the sequences of bad arrays are not all NaN", desc);
+    TU_CHECK(good_finite && err <= 0.05, "%s: the other sequences differ by %.3g", desc, err);
+    /* The caches: the bad sequences' new rows untouched, the others' written. */
+    int cache_ok = 1;
+    for (int64_t b = 0; b < c.batch; b++)
+        for (int64_t t = in.cache_seqlens[b]; t < in.cache_seqlens[b] + c.snew; t++) {
+            const int64_t pg = in.table[b * c.stride + t / c.page_size], sl = t % c.page_size;
+            for (int64_t h = 0; h < c.kvh; h++) {
+                const fmha_tensor *kt = &in.kc[1].t;
+                const size_t off =
+                    (size_t)(pg * kt->stride_batch + sl * kt->stride_seq + h * kt->stride_head) *
+                    fmha_dtype_size(kt->dtype);
+                const size_t n = (size_t)c.d * fmha_dtype_size(kt->dtype);
+                const unsigned char *got = (const unsigned char *)kt->data + off;
+                const int untouched = b == 1 || (b == 0 && t / c.page_size == 0);
+                const unsigned char *want = untouched
+                                                ? k0 + ((const unsigned char *)kt->data + off -
+                                                        (const unsigned char *)in.kc[1].alloc)
+                                                : (const unsigned char *)in.kc[0].t.data + off;
+                cache_ok &= !memcmp(got, want, n);
+            }
+        }
+    TU_CHECK(cache_ok, "%s: the keys appended differ from the expected (bad sequences: none)",
+             desc);
+    free(table);
+    free(lens);
+    free(k0);
+    free(v0);
+    free_inputs(&in);
+}
+#endif
+
 /* Each allocation of a decode call (rotated q, the layer, its workspace,
  * the splits' partials) failed in turn: OUT_OF_MEMORY with a message, out
  * untouched, nothing leaked; until the call runs through. Allocations after
@@ -922,6 +1037,10 @@ int main(int argc, char **argv)
         test_splits(&r, (fmha_cpu_isa)isa);
     }
     test_errors(&r);
+#ifdef FMHA_TEST_CUDA
+    for (int i = 0; i < 6; i++)
+        test_device_checked(&r);
+#endif
     test_allocation_failures(&r);
     return tu_summary();
 }

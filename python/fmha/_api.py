@@ -708,7 +708,7 @@ def _cache_descales(k_descale, v_descale, kcv, qv, keep):
 
 def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             block_table, opts, rotary_interleaved, num_splits, out, return_lse, layer_for=None,
-            k_descale=None, v_descale=None):
+            k_descale=None, v_descale=None, max_seqlen_k=None):
     return_lse = T.flag(return_lse, "return_lse")
     if T.needs_grad(q, k_cache, v_cache, k, v):
         raise NotImplementedError("decode has no backward: call it under torch.no_grad() or "
@@ -764,6 +764,7 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     a.num_splits = 0 if num_splits is None else T.int64(num_splits, "num_splits")
     a.k_descale, a.v_descale, a.kv_descale_layout = _cache_descales(k_descale, v_descale, kcv,
                                                                     qv, keep)
+    a.max_seqlen_k = 0 if max_seqlen_k is None else T.int64(max_seqlen_k, "max_seqlen_k")
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     with _cuda_context(qv) as stream:
         a.stream = stream
@@ -777,7 +778,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
                       cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                       rotary_interleaved=True, causal=False, softmax_scale=None,
                       window=(-1, -1), softcap=0.0, num_splits=0, return_lse=False, out=None,
-                      k_descale=None, v_descale=None):
+                      k_descale=None, v_descale=None, max_seqlen_k=None):
     """Decode: new queries q [B, Sq, H, D] against KV caches, as
     flash_attn_with_kvcache (fmha_decode in C).
 
@@ -799,11 +800,18 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
     head) or [pages or cache rows, Hkv] (per page); new k / v are written as
     codes of value / descale (saturating at 448 x descale).
 
+    max_seqlen_k: a bound on every sequence's keys (cached plus new). On
+    CUDA it spares the call its host copy of cache_seqlens and the block
+    table (no synchronisation, CUDA-graph capturable): the kernels check
+    those arrays, and a sequence whose entries are wrong comes out NaN
+    (fmha.h says which). On the CPU a sequence past it is refused.
+
     Returns out [B, Sq, H, Dv], or (out, lse [B, H, Sq] float32)."""
     opts = _Options(causal, softmax_scale, window, softcap, 0.0)
     return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, block_table, opts, rotary_interleaved, num_splits, out,
-                   return_lse, k_descale=k_descale, v_descale=v_descale)
+                   return_lse, k_descale=k_descale, v_descale=v_descale,
+                   max_seqlen_k=max_seqlen_k)
 
 
 class Attention:
@@ -934,13 +942,13 @@ class Attention:
     def decode(self, q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                rotary_interleaved=True, num_splits=0, out=None, return_lse=False,
-               k_descale=None, v_descale=None):
+               k_descale=None, v_descale=None, max_seqlen_k=None):
         """One decode step of this layer against its KV caches: the
         arguments and result of kvcache_attention(), with this layer's heads,
         scale, masks and softcap (its dropout_p must be 0)."""
         return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                        cache_batch_idx, block_table, self._opts, rotary_interleaved, num_splits,
-                       out, return_lse, self._layer_for, k_descale, v_descale)
+                       out, return_lse, self._layer_for, k_descale, v_descale, max_seqlen_k)
 
     @T.returns_like(1)
     def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None):

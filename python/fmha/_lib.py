@@ -139,6 +139,7 @@ class KvcacheArgs(Structure):
         ("k_descale", c_void_p),        # const float *: FP8 caches
         ("v_descale", c_void_p),
         ("kv_descale_layout", c_int),
+        ("max_seqlen_k", c_int64),      # 0, or a bound on every sequence's keys
     ]
 
 

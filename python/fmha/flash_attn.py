@@ -152,13 +152,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, k_descale=None, v_descale=None):
+                            return_softmax_lse=False, k_descale=None, v_descale=None,
+                            max_seqlen_k=None):
     """q [B, Sq, H, D] against k_cache / v_cache [B_cache, S_cache, Hkv, D]
     (or pages [num_pages, page_size, Hkv, D] with block_table [B, max_pages]),
     appending k / v [B, Snew, Hkv, D] in place at cache_seqlens first (rotated
     by rotary_cos / rotary_sin where given) -> out [B, Sq, H, D]; with
-    return_softmax_lse: (out, softmax_lse [B, H, Sq] float32). k_descale /
-    v_descale (fmha's addition): FP8 caches' descales.
+    return_softmax_lse: (out, softmax_lse [B, H, Sq] float32). fmha's
+    additions: k_descale / v_descale (FP8 caches' descales), max_seqlen_k (a
+    bound on the keys: no host synchronisation on CUDA).
     fmha.kvcache_attention documents each argument."""
     _unsupported(alibi_slopes)
     if cache_leftpad is not None:
@@ -171,7 +173,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   softmax_scale=softmax_scale, window=window_size,
                                   softcap=softcap, num_splits=num_splits,
                                   return_lse=return_softmax_lse, k_descale=k_descale,
-                                  v_descale=v_descale)
+                                  v_descale=v_descale, max_seqlen_k=max_seqlen_k)
 
 
 def _check_packed(x, name, ndim, axis, n, layout):

@@ -232,3 +232,22 @@ def test_fp8_caches(rng, layout, paged):
                                 k_descale=kd)
     with pytest.raises(fmha.InvalidArgumentError, match="v_descale is NULL|k_descale is NULL"):
         fmha.kvcache_attention(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
+
+
+def test_max_seqlen_k(rng):
+    """max_seqlen_k bounds the keys: the same answer under a bound that
+    holds, a clear refusal (caches untouched) under one that does not."""
+    B, H, D = 2, 4, 32
+    kc = rng.standard_normal((B, 64, 2, D)).astype(np.float32)
+    vc = rng.standard_normal((B, 64, 2, D)).astype(np.float32)
+    q = rng.standard_normal((B, 1, H, D)).astype(np.float32)
+    kn = rng.standard_normal((B, 1, 2, D)).astype(np.float32)
+    want = fmha.kvcache_attention(q, kc.copy(), vc.copy(), kn, kn, cache_seqlens=[10, 40])
+    got = fmha.kvcache_attention(q, kc, vc, kn, kn, cache_seqlens=[10, 40], max_seqlen_k=41)
+    np.testing.assert_array_equal(got, want)
+    k0 = kc.copy()
+    with pytest.raises(fmha.InvalidArgumentError, match=r"past max_seqlen_k \(40\)"):
+        fmha.kvcache_attention(q, kc, vc, kn, kn, cache_seqlens=[10, 40], max_seqlen_k=40)
+    with pytest.raises(fmha.InvalidArgumentError, match="past the cache's capacity"):
+        fmha.kvcache_attention(q, kc, vc, kn, kn, cache_seqlens=[10, 40], max_seqlen_k=65)
+    np.testing.assert_array_equal(kc, k0)

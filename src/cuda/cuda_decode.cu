@@ -60,6 +60,9 @@ struct dec_params {
     int l2_prefetch; /* tuning: FMHA_CUDA_DECODE_L2PF=128|256, the loads' L2 prefetch size */
     const float *k_descale, *v_descale; /* FP8 caches (fmha_kv_descale_layout) */
     int kv_descale_layout;
+    int device_checked;       /* the index arrays unchecked by the host (max_seqlen_k): seq_ok */
+    int64_t max_keys;         /* keys of the longest sequence, or max_seqlen_k */
+    int64_t cache_rows;       /* pages of a paged cache, rows of a contiguous one */
     int64_t split_keys;       /* keys of a split, a multiple of the tile */
     float *part_o, *part_lse; /* splits > 1: [split][batch][heads][sq][dv], [split][...] */
 };
@@ -104,24 +107,46 @@ __device__ __forceinline__ int64_t seq_keys(const dec_params &p, int b)
     return (p.cache_seqlens ? p.cache_seqlens[b] : p.capacity) + p.seqlen_new;
 }
 
+/* Whether sequence b's own entries of the index arrays hold, where the host
+ * did not check them (device_checked): its cache length, with the new
+ * tokens, within max_keys, and its cache row a row of the cache. A
+ * sequence that fails gets nothing appended and NaN rows (fmha.h). */
+__device__ __forceinline__ bool seq_ok(const dec_params &p, int b)
+{
+    if (!p.device_checked)
+        return true;
+    const int64_t cached = p.cache_seqlens ? p.cache_seqlens[b] : p.capacity;
+    if (cached < 0 || cached > p.max_keys - p.seqlen_new)
+        return false;
+    return p.page_table || !p.kv_batch || (p.kv_batch[b] >= 0 && p.kv_batch[b] < p.cache_rows);
+}
+
 /* Page and slot of key j of sequence b in a paged cache (32-bit division
- * where the key index allows). */
-__device__ __forceinline__ void page_slot(const dec_params &p, int b, int64_t j, int32_t *page,
+ * where the key index allows); false, and page 0, where the block table
+ * names no page of the cache (device_checked calls only: the host checked
+ * the others). */
+__device__ __forceinline__ bool page_slot(const dec_params &p, int b, int64_t j, int32_t *page,
                                           int32_t *slot)
 {
     const int64_t pi =
         j <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)p.page_size) : j / p.page_size;
     *page = __ldg(p.page_table + b * p.page_stride + pi);
     *slot = (int32_t)(j - pi * p.page_size);
+    if (*page >= 0 && *page < p.cache_rows)
+        return true;
+    *page = 0;
+    return false;
 }
 
-/* Element offset of key j's row of KV head hk in a cache of strides (sb, ss, sh). */
+/* Element offset of key j's row of KV head hk in a cache of strides (sb, ss,
+ * sh); -1 where the block table names no page of the cache. */
 __device__ __forceinline__ int64_t cache_row(const dec_params &p, int b, int64_t j, int hk,
                                              int64_t sb, int64_t ss, int64_t sh)
 {
     if (p.page_table) {
         int32_t page, slot;
-        page_slot(p, b, j, &page, &slot);
+        if (!page_slot(p, b, j, &page, &slot))
+            return -1;
         return page * sb + slot * ss + hk * sh;
     }
     return (int64_t)(p.kv_batch ? p.kv_batch[b] : b) * sb + j * ss + hk * sh;
@@ -144,14 +169,14 @@ template <int KPT> struct key_pages {
 
 template <class G>
 __device__ __forceinline__ void tile_pages(const dec_params &p, int b, int64_t n0, int64_t n_end,
-                                           key_pages<G::KPT> &kp)
+                                           key_pages<G::KPT> &kp, bool &bad)
 {
 #pragma unroll
     for (int i = 0; i < G::KPT; i++) {
         const int64_t j = n0 + (threadIdx.x + i * G::THREADS) / G::CH;
         kp.page[i] = kp.slot[i] = 0;
         if (j < n_end)
-            page_slot(p, b, j, &kp.page[i], &kp.slot[i]);
+            bad |= !page_slot(p, b, j, &kp.page[i], &kp.slot[i]);
     }
 }
 
@@ -208,10 +233,12 @@ __device__ __forceinline__ void load_stage(const dec_params &p, char *sK, char *
             const int key = e / G::DIM, c = e % G::DIM;
             const bool live = n0 + key < n_end;
             E kx = E(0), vx = E(0);
-            if (live && c < p.d)
-                kx = kc[cache_row(p, b, n0 + key, hk, p.k_sb, p.k_ss, p.k_sh) + c];
-            if (live && c < p.dv)
-                vx = vc[cache_row(p, b, n0 + key, hk, p.v_sb, p.v_ss, p.v_sh) + c];
+            const int64_t ko = live ? cache_row(p, b, n0 + key, hk, p.k_sb, p.k_ss, p.k_sh) : -1;
+            const int64_t vo = live ? cache_row(p, b, n0 + key, hk, p.v_sb, p.v_ss, p.v_sh) : -1;
+            if (ko >= 0 && c < p.d) /* ko < 0: no page (tile_pages flags the block) */
+                kx = kc[ko + c];
+            if (vo >= 0 && c < p.dv)
+                vx = vc[vo + c];
             ((E *)(sK + key * SB))[c] = kx;
             ((E *)(sV + key * SB))[c] = vx;
             if (G::EB == 1 && c == 0) {
@@ -306,6 +333,31 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
     const int kq = warp % KQ, dh = warp / KQ % G::DSPLIT, rl = warp / (KQ * G::DSPLIT);
     const int r0 = rb * 16 * RT, rows = min(16 * RT, p.rows - r0);
     const int wr0 = r0 + rl * 16, wrows = min(16, p.rows - wr0); /* this warp's row tile */
+
+    /* Channel c of the block's row r, with its LSE: into out (and lse), or
+     * this split's normalised part. */
+    auto put = [&](int r, int c, float x, float lse) {
+        const int pr = r0 + r, i = pr / p.group, h = hk * p.group + pr % p.group;
+        const int64_t lrow = ((int64_t)b * p.heads + h) * p.sq + i;
+        if (p.splits > 1) {
+            const int64_t prow = (int64_t)split * p.batch * p.heads * p.sq + lrow;
+            p.part_o[prow * p.dv + c] = x;
+            if (c == 0)
+                p.part_lse[prow] = lse;
+            return;
+        }
+        char *orow = (char *)p.o + (b * p.o_sb + (int64_t)i * p.o_ss + (int64_t)h * p.o_sh) *
+                                       (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
+        store_any(orow, p.out_dtype, c, x);
+        if (p.lse && c == 0)
+            p.lse[lrow] = lse;
+    };
+    if (!seq_ok(p, b)) { /* index arrays the host did not check, and wrong: NaN rows */
+        for (int e = threadIdx.x; e < rows * p.dv; e += G::THREADS)
+            put(e / p.dv, e % p.dv, NAN, NAN);
+        return;
+    }
+    bool bad = false; /* a page index outside the cache (device_checked): NaN rows */
     const int64_t sk = seq_keys(p, b);
 
     /* The keys any row of the block sees, and this split's part of them. */
@@ -372,7 +424,7 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
         int64_t row = p.kv_batch ? p.kv_batch[b] : b;
         if (p.page_table) {
             int32_t page, slot;
-            page_slot(p, b, n_begin, &page, &slot);
+            bad |= !page_slot(p, b, n_begin, &page, &slot);
             row = page;
         }
         vref = p.v_descale[descale_index(p, row, hk)];
@@ -389,14 +441,14 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) {
-            tile_pages<G>(p, b, n_begin + (int64_t)s * KT, n_end, kp);
+            tile_pages<G>(p, b, n_begin + (int64_t)s * KT, n_end, kp, bad);
             load_stage<G, E>(p, stage_k(s), stage_v(s), stage_kd(s), stage_vd(s), b, hk, kbase,
                              vbase, n_begin + (int64_t)s * KT, n_end, kp);
         }
         cp_async_commit();
     }
     if (STAGES - 1 < ntiles)
-        tile_pages<G>(p, b, n_begin + (int64_t)(STAGES - 1) * KT, n_end, kp);
+        tile_pages<G>(p, b, n_begin + (int64_t)(STAGES - 1) * KT, n_end, kp, bad);
 
     float o[DW / 8][4];
 #pragma unroll
@@ -413,7 +465,7 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
                 load_stage<G, E>(p, stage_k(st), stage_v(st), stage_kd(st), stage_vd(st), b, hk,
                                  kbase, vbase, n_begin + (int64_t)tn * KT, n_end, kp);
                 if (tn + 1 < ntiles)
-                    tile_pages<G>(p, b, n_begin + (int64_t)(tn + 1) * KT, n_end, kp);
+                    tile_pages<G>(p, b, n_begin + (int64_t)(tn + 1) * KT, n_end, kp, bad);
             }
             cp_async_commit();
         }
@@ -542,7 +594,7 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
             for (int e = 0; e < 2; e++)
                 sO[(wq * 16 + r) * D + dh * DW + j * 8 + (lane % 4) * 2 + e] = o[j][2 * rh + e];
     }
-    __syncthreads();
+    const bool any_bad = __syncthreads_or(bad);
 
     /* Merge each row tile's key quarters and store: the output itself, or
      * this split's normalised part and LSE. */
@@ -564,23 +616,10 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
             l += sL[m0 + w * 16] * f;
             x += sO[(m0 + w * 16) * D + c] * f;
         }
-        const int pr = r0 + r, i = pr / p.group, h = hk * p.group + pr % p.group;
         const float inv = l > 0.0f ? oscale / l : 0.0f;
         /* A NaN row keeps a NaN LSE; a row of no key -inf (store_lse's rule). */
         const float lse = l > 0.0f || l != l ? (mx + log2f(l)) * 0.69314718055994531f : -INFINITY;
-        const int64_t lrow = ((int64_t)b * p.heads + h) * p.sq + i;
-        if (p.splits > 1) {
-            const int64_t prow = (int64_t)split * p.batch * p.heads * p.sq + lrow;
-            p.part_o[prow * p.dv + c] = x * inv;
-            if (c == 0)
-                p.part_lse[prow] = lse;
-            continue;
-        }
-        char *orow = (char *)p.o + (b * p.o_sb + (int64_t)i * p.o_ss + (int64_t)h * p.o_sh) *
-                                       (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
-        store_any(orow, p.out_dtype, c, x * inv);
-        if (p.lse && c == 0)
-            p.lse[lrow] = lse;
+        put(r, c, any_bad ? NAN : x * inv, any_bad ? NAN : lse);
     }
 }
 
@@ -645,20 +684,26 @@ __global__ void append_kv(const dec_params p, const T *k_new, const T *v_new, in
                           const float *cos_t, const float *sin_t, int rotary_dim, int interleaved)
 {
     const int i = blockIdx.x, b = blockIdx.y;
+    if (!seq_ok(p, b))
+        return; /* its attention writes NaN rows */
     const int64_t pos = p.cache_seqlens[b] + i;
     E *kc = (E *)p.kc, *vc = (E *)p.vc;
     for (int e = threadIdx.x; e < p.kv_heads * p.d; e += blockDim.x) {
         const int h = e / p.d, c = e % p.d;
         const T *src = k_new + b * kn_sb + (int64_t)i * kn_ss + (int64_t)h * kn_sh;
-        cache_put<T>(p, kc + cache_row(p, b, pos, h, p.k_sb, p.k_ss, p.k_sh) + c,
-                     rotated(src, c, rotary_dim, interleaved, cos_t, sin_t, pos), p.k_descale, b,
-                     pos, h);
+        const int64_t row = cache_row(p, b, pos, h, p.k_sb, p.k_ss, p.k_sh);
+        if (row >= 0) /* else no page of the cache: nothing written */
+            cache_put<T>(p, kc + row + c,
+                         rotated(src, c, rotary_dim, interleaved, cos_t, sin_t, pos), p.k_descale,
+                         b, pos, h);
     }
     for (int e = threadIdx.x; e < p.kv_heads * p.dv; e += blockDim.x) {
         const int h = e / p.dv, c = e % p.dv;
-        cache_put<T>(p, vc + cache_row(p, b, pos, h, p.v_sb, p.v_ss, p.v_sh) + c,
-                     (float)v_new[b * vn_sb + (int64_t)i * vn_ss + (int64_t)h * vn_sh + c],
-                     p.v_descale, b, pos, h);
+        const int64_t row = cache_row(p, b, pos, h, p.v_sb, p.v_ss, p.v_sh);
+        if (row >= 0)
+            cache_put<T>(p, vc + row + c,
+                         (float)v_new[b * vn_sb + (int64_t)i * vn_ss + (int64_t)h * vn_sh + c],
+                         p.v_descale, b, pos, h);
     }
 }
 
@@ -682,6 +727,8 @@ __global__ void rotate_q(const dec_params p, const T *q, int64_t q_sb, int64_t q
                          int interleaved, int per_query)
 {
     const int i = blockIdx.x, b = blockIdx.y;
+    if (!seq_ok(p, b))
+        return; /* its attention writes NaN rows without reading q */
     const int64_t pos = fmha_rotary_position(per_query, seq_keys(p, b) - p.seqlen_new, i);
     for (int e = threadIdx.x; e < p.heads * p.d; e += blockDim.x) {
         const int h = e / p.d, c = e % p.d;
@@ -738,6 +785,9 @@ void fill_params(const fmha_problem *pb, dec_params *p)
     p->window_left = cfg->window_left;
     p->window_right = cfg->window_right;
     p->out_dtype = a->out.dtype;
+    p->device_checked = pb->device_checked;
+    p->max_keys = pb->max_sk;
+    p->cache_rows = a->k.batch;
     p->k_descale = kv->k_descale;
     p->v_descale = kv->v_descale;
     p->kv_descale_layout = (int)kv->kv_descale_layout;

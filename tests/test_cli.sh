@@ -244,8 +244,14 @@ EOF
 fi
 expect 0 "GFLOP/s" -- "$FMHA" bench --model lumina2 --seqlen 96 --dtype bf16 --causal --iters 2
 
-# ---- sequence parallelism: communicators in info, the cost model
+# ---- sequence parallelism: communicators in info, the cost model, the
+# options that need mpirun (tests/test_cli_mpi.sh runs them there)
 expect 0 "sequence parallelism: mpi" -- "$FMHA" info
+expect 0 "mpirun -np N fmha run ... --sp-ulysses U --sp-ring R" -- "$FMHA" --help
+expect 2 "sp-ring 2.*\(not started by mpirun\|built without\)" -- "$FMHA" run --model flux-1024 --seqlen 32 --sp-ring 2
+expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 32 --sp-ulysses 1 --sp-ring 1
+expect 2 "--sp-ring 0 is out of range: allowed 1 to 65536" -- "$FMHA" bench --sp-ring 0
+expect 2 "options of run and bench" -- "$FMHA" accuracy --sp-ulysses 2
 expect 0 "best: ulysses 1 x ring 8, .* 96.0% efficiency" -- "$FMHA" sp-plan --model wan2.1-14b-720p
 expect 0 "16 .*8 x 2 .*heads do not split" -- "$FMHA" sp-plan --model wan2.1-14b-720p --devices 8,16
 expect 0 "heads 24 / kv heads 24 do not split over ulysses 16" -- "$FMHA" sp-plan --model hunyuanvideo-720p --devices 32

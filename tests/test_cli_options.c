@@ -50,6 +50,20 @@ int main(void)
     rc = parse(&o, err, sizeof err, WORDS("--scale", "inf"));
     TU_CHECK(rc == CLI_PARSE_ERROR && strstr(err, "--scale 'inf' is not a finite number"),
              "--scale inf: rc %d, \"%s\"", rc, err);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-ulysses", "2", "--sp-ring=4"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_ulysses == 2 && o.sp_ring == 4,
+             "--sp-ulysses 2 --sp-ring 4: rc %d, %d x %d, \"%s\"", rc, o.sp_ulysses, o.sp_ring,
+             err);
+    rc = parse(&o, err, sizeof err, WORDS("--seqlen", "64"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_ulysses == 0 && o.sp_ring == 0,
+             "sp degrees left out: %d x %d (0 = not given)", o.sp_ulysses, o.sp_ring);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-ulysses", "0"));
+    TU_CHECK(rc == CLI_PARSE_ERROR &&
+                 strstr(err, "--sp-ulysses 0 is out of range: allowed 1 to 65536"),
+             "--sp-ulysses 0: rc %d, \"%s\"", rc, err);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-ring", "2x"));
+    TU_CHECK(rc == CLI_PARSE_ERROR && strstr(err, "--sp-ring '2x' is not an integer"),
+             "--sp-ring 2x: rc %d, \"%s\"", rc, err);
     rc = parse(&o, err, sizeof err, WORDS("a", "b"));
     TU_CHECK(rc == CLI_PARSE_ERROR && strstr(err, "unexpected argument 'b'"),
              "two inputs: rc %d, \"%s\"", rc, err);

@@ -123,7 +123,9 @@ enum {
     OPT_ITERS,
     OPT_NO_CAUSAL,
     OPT_CHECK_FINITE,
-    OPT_BACKWARD
+    OPT_BACKWARD,
+    OPT_SP_ULYSSES,
+    OPT_SP_RING
 };
 
 int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t errlen)
@@ -152,6 +154,8 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
                                              {"check", no_argument, 0, OPT_CHECK},
                                              {"json", no_argument, 0, OPT_JSON},
                                              {"iters", required_argument, 0, OPT_ITERS},
+                                             {"sp-ulysses", required_argument, 0, OPT_SP_ULYSSES},
+                                             {"sp-ring", required_argument, 0, OPT_SP_RING},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     set_err(err, errlen, "%s", "");
@@ -261,6 +265,16 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
             if (parse_int(optarg, "--iters", 1, CLI_MAX_ITERS, &v, err, errlen))
                 return CLI_PARSE_ERROR;
             o->iters = (int)v;
+            break;
+        case OPT_SP_ULYSSES:
+            if (parse_int(optarg, "--sp-ulysses", 1, CLI_MAX_SP, &v, err, errlen))
+                return CLI_PARSE_ERROR;
+            o->sp_ulysses = (int)v;
+            break;
+        case OPT_SP_RING:
+            if (parse_int(optarg, "--sp-ring", 1, CLI_MAX_SP, &v, err, errlen))
+                return CLI_PARSE_ERROR;
+            o->sp_ring = (int)v;
             break;
         case 'h': return CLI_PARSE_HELP;
         default: return CLI_PARSE_GETOPT;

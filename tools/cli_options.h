@@ -35,6 +35,7 @@ extern "C" {
 #define CLI_MAX_WINDOW   2147483647LL
 #define CLI_MAX_THREADS  4096LL
 #define CLI_MAX_ITERS    1000000LL
+#define CLI_MAX_SP       65536LL /* fmha_sp_config's degrees */
 
 /* The run options a written file records in its metadata: bits of
  * cli_options.given, in the order of the metadata keys. */
@@ -53,8 +54,9 @@ enum {
  * --dtype was given). Strings point into argv. After a successful parse:
  * seqlen, seqlen_k, batch 0 or in [1, 2^31 - 1]; heads, kv_heads, head_dim
  * 0 or in [1, 65536]; windows in [-1, 2^31 - 1]; threads in [0, 4096]; iters
- * 0 or in [1, 10^6]; scale, softcap and dropout finite (their ranges are the
- * library's to check); seed any uint64. */
+ * 0 or in [1, 10^6]; sp_ulysses, sp_ring 0 or in [1, 65536]; scale, softcap
+ * and dropout finite (their ranges are the library's to check); seed any
+ * uint64. */
 typedef struct cli_options {
     const char *input, *output, *model;
     int64_t batch, seqlen, seqlen_k, heads, kv_heads, head_dim;
@@ -66,7 +68,8 @@ typedef struct cli_options {
     uint64_t seed;
     fmha_device device;
     int threads, check, json, iters, check_finite;
-    int backward;   /* bench: time the backward too */
+    int backward;            /* bench: time the backward too */
+    int sp_ulysses, sp_ring; /* sequence-parallel degrees under mpirun (tools/sp_cli.h) */
     unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } cli_options;
 

@@ -10,8 +10,9 @@
 #include "hfconfig.h"
 #include "peak.h"
 #include "presets.h"
-#include "sp_plan.h"
 #include "safetensors.h"
+#include "sp_cli.h"
+#include "sp_plan.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -44,11 +45,17 @@ static const char usage_text[] =
     "      also saves q, k, v, so that `fmha run OUT --check` can run it again.\n"
     "      --dtype fp8 quantizes bf16 inputs (or IN's) to FP8 E4M3, one scale per tensor, and\n"
     "      runs FP8 attention (CPU, or Hopper GPUs); the check is on the dequantized inputs.\n"
+    "      mpirun -np N fmha run ... --sp-ulysses U --sp-ring R (U x R = N) runs it\n"
+    "      sequence-parallel on CPU ranks (docs/sequence_parallel.md): rank 0 prints, and\n"
+    "      checks every row of the gathered output against one process's forward.\n"
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
     "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
     "      [--iters N] [--json] [--backward]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
     "      --backward also times the backward and forward + backward (CPU, or CUDA with\n"
     "      f16/bf16), the forward in the same loop; backward FLOPs are 2.5x the forward's\n"
+    "      mpirun -np N fmha bench ... --sp-ulysses U --sp-ring R (U x R = N): the\n"
+    "      sequence-parallel forward on CPU ranks, the slowest rank's time per call and the\n"
+    "      bytes each rank sent\n"
     "  accuracy [--model PRESET | shape options as bench] [--causal] [--threads N] [--seed N]\n"
     "      relative L2 error of FP8 attention against the float64 reference and the bf16\n"
     "      path, on Gaussian inputs and on K with outlier channels (scaled or offset), for each\n"
@@ -74,14 +81,15 @@ static void usage(FILE *f)
 
 typedef cli_options options;
 
-/* cli_parse_options, with its message printed; -h prints the usage and exits. */
+/* cli_parse_options, with its message printed: 0 to go on, 1 after -h
+ * printed the usage (the command then ends with status 0), -1 on an error. */
 static int parse_options(int argc, char **argv, options *o)
 {
     char err[512];
     int rc = cli_parse_options(argc, argv, o, err, sizeof err);
     if (rc == CLI_PARSE_HELP) {
         usage(stdout);
-        exit(0);
+        return 1;
     }
     if (rc != CLI_PARSE_OK && err[0])
         fprintf(stderr, "fmha: %s\n", err);
@@ -258,6 +266,87 @@ static int report_check(const errstats *e, fmha_dtype out, int p_e4m3, const cha
     if (e->nonfinite)
         printf("  %lld non-finite outputs\n", (long long)e->nonfinite);
     return ok ? 0 : 1;
+}
+
+/* ------------------------------------------------- sequence parallelism */
+
+/* The whole problem `a` (every rank holds it alike) through fmha_sp_forward:
+ * this rank's tokens, then out and lse gathered into `a` on rank 0. *secs is
+ * the slowest rank's time, *sent the most bytes a rank sent. Returns the exit
+ * status every rank agreed on. */
+static int sp_forward_whole(cli_sp *sp, const fmha_config *cfg, const fmha_forward_args *a,
+                            double *secs, int64_t *sent)
+{
+    cli_sp_shard sh;
+    int64_t mine = 0;
+    int rc = cli_sp_agree(sp, cli_sp_shard_init(sp, &sh, a));
+    if (rc == 0) {
+        const fmha_status st = cli_sp_forward(sp, cfg, &sh, secs, &mine);
+        rc = cli_sp_agree(
+            sp, st == FMHA_STATUS_OK ? 0 : fail_lib("sequence-parallel attention failed", st));
+    }
+    if (rc == 0)
+        rc = cli_sp_gather(sp, &sh, a);
+    if (rc == 0)
+        *sent = cli_sp_max_i64(sp, mine);
+    cli_sp_shard_free(&sh);
+    return rc;
+}
+
+static void sp_print_summary(const cli_sp *sp, int64_t sent)
+{
+    printf("sequence parallel: ulysses %d x ring %d on %d CPU ranks (the time is the slowest "
+           "rank's), %.3g MB sent per rank (the most)\n",
+           sp->ulysses, sp->ring, sp->ranks, (double)sent * 1e-6);
+}
+
+/* Rank 0 of a sequence-parallel run: the same forward in this process alone,
+ * and every row of the gathered out and lse against it. */
+static int check_against_one_process(const fmha_config *cfg, const fmha_forward_args *a)
+{
+    const fmha_tensor *o = &a->out;
+    const int64_t nlse = a->q.batch * a->q.heads * a->q.seqlen;
+    void *out1 =
+        malloc((size_t)(o->batch * o->seqlen * o->heads * o->head_dim) * fmha_dtype_size(o->dtype));
+    float *lse1 = malloc(sizeof(float) * (size_t)(nlse ? nlse : 1));
+    int rc = 1;
+    if (!out1 || !lse1) {
+        fprintf(stderr, "fmha: out of memory for the one-process forward\n");
+        goto done;
+    }
+    fmha_forward_args one = *a;
+    one.out = fmha_tensor_bshd(out1, o->dtype, o->batch, o->seqlen, o->heads, o->head_dim);
+    one.lse = lse1;
+    const double t0 = now_s();
+    fmha_status st = forward_with_progress(cfg, &one);
+    const double secs = now_s() - t0;
+    if (st != FMHA_STATUS_OK) {
+        rc = fail_lib("the one-process forward failed", st);
+        goto done;
+    }
+    printf("one process (rank 0): %.1f ms\n", secs * 1e3);
+    errstats e = {0};
+    for (int64_t b = 0; b < a->q.batch; b++)
+        compare_rows(&a->out, 0, &one.out, b, b, a->q.seqlen, &e);
+    rc = report_check(&e, o->dtype, 0, "all rows against one process's forward");
+    if (a->lse) {
+        /* Both in f32 from the same scores; the ring's merges add a few roundings. */
+        const double tol = 1e-4;
+        double worst = 0;
+        for (int64_t i = 0; i < nlse; i++) {
+            const double x = a->lse[i], y = lse1[i];
+            const double d = x == y ? 0 : isfinite(x) && isfinite(y) ? fabs(x - y) : INFINITY;
+            worst = d > worst ? d : worst;
+        }
+        printf("check (lse, all rows against one process's): max |lse - ref| = %.3g, tolerance "
+               "%.0e: %s\n",
+               worst, tol, worst <= tol ? "ok" : "FAILED");
+        rc = rc || worst > tol;
+    }
+done:
+    free(out1);
+    free(lse1);
+    return rc;
 }
 
 /* ---------------------------------------------------- non-finite inputs */
@@ -468,7 +557,7 @@ static int tensor_from_file(const st_file *f, const char *name, fmha_tensor *t, 
     return 0;
 }
 
-static int run_file(const options *o)
+static int run_file(const options *o, cli_sp *sp)
 {
     char err[512];
     st_file f;
@@ -557,12 +646,21 @@ static int run_file(const options *o)
     if (fp8) /* the layer's choice, said once */
         printf("fp8 path: %s\n", reason);
     fmha_layer_free(layer);
-    double t0 = now_s();
-    st = forward_with_progress(&cfg, &a);
-    double dt = now_s() - t0;
-    if (st != FMHA_STATUS_OK) {
-        rc = fail_lib("attention failed", st);
-        goto done;
+    double dt;
+    int64_t sent = 0;
+    if (sp->on) {
+        /* A failure before this point returned on its own rank: the others
+         * learn of it in sp_forward_whole's first agreement. */
+        if ((rc = sp_forward_whole(sp, &cfg, &a, &dt, &sent)) != 0 || sp->rank != 0)
+            goto done; /* the other ranks' part ends here, rc 0 */
+    } else {
+        double t0 = now_s();
+        st = forward_with_progress(&cfg, &a);
+        dt = now_s() - t0;
+        if (st != FMHA_STATUS_OK) {
+            rc = fail_lib("attention failed", st);
+            goto done;
+        }
     }
     if (packed)
         printf("%s: %lld packed sequences, q [%lld, %lld, %lld]", o->input,
@@ -573,6 +671,8 @@ static int run_file(const options *o)
                (long long)a.q.seqlen, (long long)a.q.heads, (long long)a.q.head_dim);
     printf(", k/v heads %lld, %s, kernel %s: %.1f ms\n", (long long)a.k.heads,
            fmha_dtype_name(a.q.dtype), kernel, dt * 1e3);
+    if (sp->on)
+        sp_print_summary(sp, sent);
     rc = 0;
     if (o->check) {
         refbuf = malloc((size_t)nout * sizeof(float));
@@ -628,6 +728,8 @@ static int run_file(const options *o)
         }
         free(reflse);
     }
+    if (sp->on && check_against_one_process(&cfg, &a))
+        rc = 1;
     if (rc == 0 && o->output &&
         write_outputs(o->output, &a.out, packed, lse, kernel, NULL, &cfg, oo.seed))
         rc = 1;
@@ -639,7 +741,7 @@ done:
     return rc;
 }
 
-static int run_model(const options *o)
+static int run_model(const options *o, cli_sp *sp)
 {
     const char *name = o->model ? o->model : FMHA_DEFAULT_PRESET;
     const fmha_preset *p = fmha_preset_find(name);
@@ -710,16 +812,27 @@ static int run_model(const options *o)
            fmha_dtype_name(dt), fp8 ? " quantized to f8_e4m3 (one scale per tensor)" : "",
            cfg.causal ? ", causal" : "", kernel);
     fflush(stdout);
-    double t0 = now_s();
-    st = forward_with_progress(&cfg, &a);
-    double secs = now_s() - t0;
-    if (st != FMHA_STATUS_OK) {
-        rc = fail_lib("attention failed", st);
-        goto done;
+    double secs;
+    int64_t sent = 0;
+    if (sp->on) {
+        /* A failure before this point returned on its own rank: the others
+         * learn of it in sp_forward_whole's first agreement. */
+        if ((rc = sp_forward_whole(sp, &cfg, &a, &secs, &sent)) != 0 || sp->rank != 0)
+            goto done; /* the other ranks' part ends here, rc 0 */
+    } else {
+        double t0 = now_s();
+        st = forward_with_progress(&cfg, &a);
+        secs = now_s() - t0;
+        if (st != FMHA_STATUS_OK) {
+            rc = fail_lib("attention failed", st);
+            goto done;
+        }
     }
     double flops = fmha_flops(&cfg, batch, sq, sk);
     printf("time %.1f ms, %.1f GFLOP/s (%.3g GFLOP)\n", secs * 1e3, flops / secs * 1e-9,
            flops * 1e-9);
+    if (sp->on)
+        sp_print_summary(sp, sent);
 
     if (cfg.dropout_p > 0) {
         printf("check: skipped (dropout draws by row, and sampled rows renumber them; use "
@@ -775,6 +888,8 @@ static int run_model(const options *o)
         }
         free(ref);
     }
+    if (sp->on && check_against_one_process(&cfg, &a))
+        rc = 1;
     /* FP8 runs save their bf16 source: `fmha run OUT --dtype fp8 --check` reruns it. */
     if (rc == 0 && o->output &&
         write_outputs(o->output, &a.out, 0, lse, kernel, &src, &cfg, o->seed))
@@ -789,11 +904,12 @@ done:
     return rc;
 }
 
-static int cmd_run(int argc, char **argv)
+static int cmd_run(cli_sp *sp, int argc, char **argv)
 {
     options o;
-    if (parse_options(argc, argv, &o))
-        return EXIT_USAGE;
+    const int parsed = parse_options(argc, argv, &o);
+    if (parsed)
+        return parsed > 0 ? 0 : EXIT_USAGE;
     if (o.input && o.model) {
         fprintf(stderr, "fmha: give an input file or --model, not both\n");
         return EXIT_USAGE;
@@ -811,7 +927,10 @@ static int cmd_run(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    return o.input ? run_file(&o) : run_model(&o);
+    const int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, "run");
+    if (rc)
+        return rc;
+    return o.input ? run_file(&o, sp) : run_model(&o, sp);
 }
 
 /* ------------------------------------------------------------ fmha bench */
@@ -827,6 +946,79 @@ typedef struct bench_shape {
     int64_t batch, sq, sk, heads, kv, d;
     int causal;
 } bench_shape;
+
+/* One benchmark line, or JSON object, of a forward's median time `med`
+ * seconds over `iters` calls. A sequence-parallel run gives `sent`, the bytes
+ * each rank sent in one call (NULL otherwise); its peaks are the ranks' sum. */
+static void bench_report(const options *o, const bench_shape *s, const fmha_config *cfg,
+                         const char *label, const char *kernel, int fp8_compute, int iters,
+                         double med, double peak_f32, double peak_bf16, const cli_sp *sp,
+                         const int64_t *sent)
+{
+    int64_t most = 0;
+    for (int r = 0; sent && r < sp->ranks; r++)
+        most = sent[r] > most ? sent[r] : most;
+    double flops = fmha_flops(cfg, s->batch, s->sq, s->sk);
+    double gflops = flops / med * 1e-9;
+    int bf16dp = !strcmp(kernel, "cpu_avx512_bf16dp");
+    double peak = bf16dp ? peak_bf16 : peak_f32;
+    const char *peak_name = bf16dp ? "vdpbf16ps" : "f32 FMA";
+    char shape[160];
+    snprintf(shape, sizeof shape, "[%lld, %lld, %lld, %lld] kv %lld sk %lld%s", (long long)s->batch,
+             (long long)s->sq, (long long)s->heads, (long long)s->d, (long long)s->kv,
+             (long long)s->sk, s->causal ? " causal" : "");
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "shape", shape);
+        if (s->name)
+            cJSON_AddStringToObject(j, "model", s->name);
+        cJSON_AddNumberToObject(j, "batch", (double)s->batch);
+        cJSON_AddNumberToObject(j, "seqlen_q", (double)s->sq);
+        cJSON_AddNumberToObject(j, "seqlen_k", (double)s->sk);
+        cJSON_AddNumberToObject(j, "heads", (double)s->heads);
+        cJSON_AddNumberToObject(j, "kv_heads", (double)s->kv);
+        cJSON_AddNumberToObject(j, "head_dim", (double)s->d);
+        cJSON_AddBoolToObject(j, "causal", s->causal);
+        cJSON_AddStringToObject(j, "device", o->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu");
+        cJSON_AddStringToObject(j, "dtype", fmha_dtype_name(cfg->dtype));
+        if (fp8_compute)
+            cJSON_AddStringToObject(j, "fp8_compute", "per_tensor");
+        cJSON_AddStringToObject(j, "kernel", kernel);
+        cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : omp_get_max_threads());
+        cJSON_AddNumberToObject(j, "iters", iters);
+        cJSON_AddNumberToObject(j, "ms", med * 1e3);
+        cJSON_AddNumberToObject(j, "tflops", gflops * 1e-3);
+        if (o->device == FMHA_DEVICE_CPU) {
+            cJSON_AddStringToObject(j, "peak", peak_name);
+            cJSON_AddNumberToObject(j, "peak_tflops", peak * 1e-3);
+            cJSON_AddNumberToObject(j, "peak_fraction", peak > 0 ? gflops / peak : 0);
+        }
+        if (sent) {
+            cJSON_AddNumberToObject(j, "ranks", sp->ranks);
+            cJSON_AddNumberToObject(j, "ulysses", sp->ulysses);
+            cJSON_AddNumberToObject(j, "ring", sp->ring);
+            cJSON *per_rank = cJSON_AddArrayToObject(j, "bytes_sent_per_rank");
+            for (int r = 0; r < sp->ranks && per_rank; r++)
+                cJSON_AddItemToArray(per_rank, cJSON_CreateNumber((double)sent[r]));
+            cJSON_AddNumberToObject(j, "bytes_sent_max", (double)most);
+        }
+        char *txt = cJSON_PrintUnformatted(j);
+        printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+    } else if (o->device == FMHA_DEVICE_CUDA) {
+        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, label, kernel, med * 1e3,
+               gflops * 1e-3);
+    } else {
+        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)", shape, label,
+               kernel, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0, peak_name, peak);
+        if (sent)
+            printf("  ulysses %d x ring %d, %.3g MB sent per rank (the most)", sp->ulysses,
+                   sp->ring, (double)most * 1e-6);
+        printf("\n");
+    }
+    fflush(stdout);
+}
 
 /* One benchmark line. dt f8_e4m3 times FP8 attention on a bf16 source
  * quantized beforehand (per tensor); fp8_compute times a bf16 layer that
@@ -909,57 +1101,96 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
     qsort(times, (size_t)iters, sizeof times[0], cmp_double);
     double med = times[iters / 2];
     free(times);
-    double flops = fmha_flops(&cfg, s->batch, s->sq, s->sk);
-    double gflops = flops / med * 1e-9;
-    int bf16dp = !strcmp(kinfo->name, "cpu_avx512_bf16dp");
-    double peak = bf16dp ? peak_bf16 : peak_f32;
-    const char *peak_name = bf16dp ? "vdpbf16ps" : "f32 FMA";
-    char shape[160];
-    snprintf(shape, sizeof shape, "[%lld, %lld, %lld, %lld] kv %lld sk %lld%s", (long long)s->batch,
-             (long long)s->sq, (long long)s->heads, (long long)s->d, (long long)s->kv,
-             (long long)s->sk, s->causal ? " causal" : "");
-    if (o->json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "shape", shape);
-        if (s->name)
-            cJSON_AddStringToObject(j, "model", s->name);
-        cJSON_AddNumberToObject(j, "batch", (double)s->batch);
-        cJSON_AddNumberToObject(j, "seqlen_q", (double)s->sq);
-        cJSON_AddNumberToObject(j, "seqlen_k", (double)s->sk);
-        cJSON_AddNumberToObject(j, "heads", (double)s->heads);
-        cJSON_AddNumberToObject(j, "kv_heads", (double)s->kv);
-        cJSON_AddNumberToObject(j, "head_dim", (double)s->d);
-        cJSON_AddBoolToObject(j, "causal", s->causal);
-        cJSON_AddStringToObject(j, "device", o->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu");
-        cJSON_AddStringToObject(j, "dtype", fmha_dtype_name(dt));
-        if (fp8_compute)
-            cJSON_AddStringToObject(j, "fp8_compute", "per_tensor");
-        cJSON_AddStringToObject(j, "kernel", kinfo->name);
-        cJSON_AddNumberToObject(j, "threads", o->threads ? o->threads : omp_get_max_threads());
-        cJSON_AddNumberToObject(j, "iters", iters);
-        cJSON_AddNumberToObject(j, "ms", med * 1e3);
-        cJSON_AddNumberToObject(j, "tflops", gflops * 1e-3);
-        if (o->device == FMHA_DEVICE_CPU) {
-            cJSON_AddStringToObject(j, "peak", peak_name);
-            cJSON_AddNumberToObject(j, "peak_tflops", peak * 1e-3);
-            cJSON_AddNumberToObject(j, "peak_fraction", peak > 0 ? gflops / peak : 0);
-        }
-        char *txt = cJSON_PrintUnformatted(j);
-        printf("%s\n", txt);
-        free(txt);
-        cJSON_Delete(j);
-    } else if (o->device == FMHA_DEVICE_CUDA) {
-        printf("%-44s %-5s %-18s %9.3f ms %8.1f TFLOP/s\n", shape, label, kinfo->name, med * 1e3,
-               gflops * 1e-3);
-    } else {
-        printf("%-44s %-5s %-18s %9.2f ms %8.1f GFLOP/s  %5.1f%% of %s peak (%.0f)\n", shape, label,
-               kinfo->name, med * 1e3, gflops, peak > 0 ? 100 * gflops / peak : 0, peak_name, peak);
-    }
-    fflush(stdout);
+    bench_report(o, s, &cfg, label, kinfo->name, fp8_compute, iters, med, peak_f32, peak_bf16, NULL,
+                 NULL);
     rc = 0;
 done:
     fmha_layer_free(layer);
     fp8_args_free(&f8);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    return rc;
+}
+
+/* bench_one under `mpirun -np N fmha bench --sp-ulysses U --sp-ring R`:
+ * every rank makes the whole inputs alike and keeps its tokens; a call's time
+ * is the slowest rank's (the ranks start together), the line the median over
+ * the calls. Every failure is agreed on before the next call. */
+static int bench_sp_one(cli_sp *sp, const options *o, const bench_shape *s, fmha_dtype dt,
+                        double peak_f32, double peak_bf16)
+{
+    options oo = *o;
+    oo.dtype = dt;
+    oo.causal = s->causal;
+    fmha_config cfg;
+    config_from_options(&oo, &cfg, s->heads, s->kv, s->d, s->d);
+    fmha_layer *layer;
+    fmha_status st = fmha_layer_init(&layer, &cfg);
+    if (st != FMHA_STATUS_OK)
+        return fail_lib("invalid configuration", st);
+    char kernel[64];
+    snprintf(kernel, sizeof kernel, "%s", fmha_layer_kernel(layer)->name);
+    fmha_layer_free(layer);
+
+    rng_state = 1;
+    void *q = alloc_random(dt, s->batch * s->sq * s->heads * s->d);
+    void *k = alloc_random(dt, s->batch * s->sk * s->kv * s->d);
+    void *v = alloc_random(dt, s->batch * s->sk * s->kv * s->d);
+    void *out = malloc((size_t)(s->batch * s->sq * s->heads * s->d) * fmha_dtype_size(dt));
+    double *times = NULL;
+    int64_t *sent = malloc(sizeof(int64_t) * (size_t)sp->ranks);
+    cli_sp_shard sh;
+    memset(&sh, 0, sizeof sh);
+    int rc = 0;
+    if (!q || !k || !v || !out || !sent) {
+        fprintf(stderr, "fmha: out of memory for the benchmark inputs\n");
+        rc = 1;
+    } else {
+        fmha_forward_args a;
+        memset(&a, 0, sizeof a);
+        a.q = fmha_tensor_bshd(q, dt, s->batch, s->sq, s->heads, s->d);
+        a.k = fmha_tensor_bshd(k, dt, s->batch, s->sk, s->kv, s->d);
+        a.v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
+        a.out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
+        rc = cli_sp_shard_init(sp, &sh, &a);
+    }
+    double one;
+    int64_t mine = 0;
+    if ((rc = cli_sp_agree(sp, rc)) != 0)
+        goto done;
+    st = cli_sp_forward(sp, &cfg, &sh, &one, &mine); /* warm-up */
+    if (st != FMHA_STATUS_OK)
+        rc = fail_lib("sequence-parallel attention failed", st);
+    if ((rc = cli_sp_agree(sp, rc)) != 0)
+        goto done;
+    int iters = o->iters; /* the same on every rank: `one` is the slowest rank's */
+    if (!iters) {
+        const double n = one > 0 ? 2.0 / one : 200; /* about two seconds */
+        iters = n < 5 ? 5 : n > 200 ? 200 : (int)n;
+    }
+    times = malloc(sizeof(double) * (size_t)iters);
+    if (!times)
+        fprintf(stderr, "fmha: out of memory for %d timings\n", iters);
+    if ((rc = cli_sp_agree(sp, times ? 0 : 1)) != 0)
+        goto done;
+    for (int i = 0; i < iters; i++) {
+        st = cli_sp_forward(sp, &cfg, &sh, &times[i], &mine);
+        if (st != FMHA_STATUS_OK)
+            rc = fail_lib("sequence-parallel attention failed", st);
+        if ((rc = cli_sp_agree(sp, rc)) != 0)
+            goto done;
+    }
+    cli_sp_gather_i64(sp, mine, sent);
+    qsort(times, (size_t)iters, sizeof times[0], cmp_double);
+    if (sp->rank == 0)
+        bench_report(o, s, &cfg, fmha_dtype_name(dt), kernel, 0, iters, times[iters / 2], peak_f32,
+                     peak_bf16, sp, sent);
+done:
+    cli_sp_shard_free(&sh);
+    free(times);
+    free(sent);
     free(q);
     free(k);
     free(v);
@@ -1133,13 +1364,27 @@ static int shape_from_options(const options *o, bench_shape *s)
     return problem_fits(s->batch, s->sq, s->sk, s->heads, s->kv, s->d, s->d) ? 0 : 1;
 }
 
-static int cmd_bench(int argc, char **argv)
+static int cmd_bench(cli_sp *sp, int argc, char **argv)
 {
     options o;
-    if (parse_options(argc, argv, &o))
-        return EXIT_USAGE;
+    const int parsed = parse_options(argc, argv, &o);
+    if (parsed)
+        return parsed > 0 ? 0 : EXIT_USAGE;
     if (o.input) {
         fprintf(stderr, "fmha: bench takes no input file\n");
+        return EXIT_USAGE;
+    }
+    int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, "bench");
+    if (rc)
+        return rc;
+    if (sp->on && o.backward) {
+        fprintf(stderr, "fmha: bench --backward: sequence parallelism (--sp-ulysses, --sp-ring) "
+                        "has a forward only\n");
+        return EXIT_USAGE;
+    }
+    if (sp->on && o.dtype_set && o.dtype == FMHA_DTYPE_F8_E4M3) {
+        fprintf(stderr, "fmha: bench --dtype fp8: sequence parallelism runs f32, f16 and bf16 "
+                        "attention\n");
         return EXIT_USAGE;
     }
     bench_shape s = {NULL, 1, 2048, 2048, 16, 16, 128, o.causal};
@@ -1150,9 +1395,14 @@ static int cmd_bench(int argc, char **argv)
     const int threads = o.threads ? o.threads : omp_get_max_threads();
     double peak_f32 = 0, peak_bf16 = 0;
     if (o.device == FMHA_DEVICE_CPU) {
-        peak_f32 = fmha_peak_f32_gflops(threads);
-        peak_bf16 = fmha_peak_bf16_gflops(threads);
-        if (!o.json)
+        /* Every rank measures its own at once, as they will run: the sum is the ranks' peak. */
+        peak_f32 = cli_sp_sum(sp, fmha_peak_f32_gflops(threads));
+        peak_bf16 = cli_sp_sum(sp, fmha_peak_bf16_gflops(threads));
+        if (!o.json && sp->on)
+            printf("measured peaks on %d ranks x %d threads (summed): f32 FMA %.1f GFLOP/s, "
+                   "vdpbf16ps %.1f GFLOP/s\n",
+                   sp->ranks, threads, peak_f32, peak_bf16);
+        else if (!o.json)
             printf("measured peaks on %d threads: f32 FMA %.1f GFLOP/s, vdpbf16ps %.1f GFLOP/s\n",
                    threads, peak_f32, peak_bf16);
     }
@@ -1170,10 +1420,10 @@ static int cmd_bench(int argc, char **argv)
         return rc;
     }
     const fmha_dtype dts[2] = {FMHA_DTYPE_F32, FMHA_DTYPE_BF16};
-    int rc = 0;
     for (int i = o.dtype_set ? 1 : 0; i < 2 && !rc; i++) {
         const fmha_dtype dt = o.dtype_set ? o.dtype : dts[i];
-        rc = bench_one(&o, &s, dt, 0, peak_f32, peak_bf16);
+        rc = sp->on ? bench_sp_one(sp, &o, &s, dt, peak_f32, peak_bf16)
+                    : bench_one(&o, &s, dt, 0, peak_f32, peak_bf16);
         if (!rc && o.backward)
             rc = bench_backward(&o, &s, dt, peak_f32);
     }
@@ -1185,8 +1435,13 @@ static int cmd_bench(int argc, char **argv)
 static int cmd_accuracy(int argc, char **argv)
 {
     options o;
-    if (parse_options(argc, argv, &o))
+    const int parsed = parse_options(argc, argv, &o);
+    if (parsed)
+        return parsed > 0 ? 0 : EXIT_USAGE;
+    if (o.sp_ulysses || o.sp_ring) {
+        fprintf(stderr, "fmha: --sp-ulysses and --sp-ring are options of run and bench\n");
         return EXIT_USAGE;
+    }
     if (o.input) {
         fprintf(stderr, "fmha: accuracy takes no input file\n");
         return EXIT_USAGE;
@@ -1289,10 +1544,14 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "run"))
-        return cmd_run(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run") || !strcmp(cmd, "bench")) {
+        /* Under mpirun every rank gets here: sp_cli.h says who prints. */
+        cli_sp sp;
+        cli_sp_begin(&sp, &argc, &argv);
+        const int rc = !strcmp(cmd, "run") ? cmd_run(&sp, argc - 1, argv + 1)
+                                           : cmd_bench(&sp, argc - 1, argv + 1);
+        return cli_sp_end(&sp, rc);
+    }
     if (!strcmp(cmd, "check"))
         return cmd_check(argc - 1, argv + 1);
     if (!strcmp(cmd, "accuracy"))

@@ -55,6 +55,7 @@ static void check_ranges(const cli_options *o, char *const *words, int n)
     REQUIRE(o->window_right >= -1 && o->window_right <= CLI_MAX_WINDOW);
     REQUIRE(o->threads >= 0 && o->threads <= CLI_MAX_THREADS);
     REQUIRE(unset_or_in(o->iters, 1, CLI_MAX_ITERS));
+    REQUIRE(unset_or_in(o->sp_ulysses, 1, CLI_MAX_SP) && unset_or_in(o->sp_ring, 1, CLI_MAX_SP));
     REQUIRE(isfinite(o->scale) && isfinite(o->softcap) && isfinite(o->dropout));
     REQUIRE((unsigned)o->dtype <= FMHA_DTYPE_F8_E4M3 && (o->dtype_set == 0 || o->dtype_set == 1));
     REQUIRE(o->dtype_set || o->dtype == FMHA_DTYPE_BF16);
@@ -79,7 +80,7 @@ static int same_options(const cli_options *a, const cli_options *b)
            memcmp(&a->dropout, &b->dropout, sizeof a->dropout) == 0 && a->seed == b->seed &&
            a->device == b->device && a->threads == b->threads && a->check == b->check &&
            a->json == b->json && a->iters == b->iters && a->check_finite == b->check_finite &&
-           a->given == b->given;
+           a->sp_ulysses == b->sp_ulysses && a->sp_ring == b->sp_ring && a->given == b->given;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

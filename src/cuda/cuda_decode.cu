@@ -171,6 +171,8 @@ template <class G>
 __device__ __forceinline__ void tile_pages(const dec_params &p, int b, int64_t n0, int64_t n_end,
                                            key_pages<G::KPT> &kp, bool &bad)
 {
+    if (!p.page_table) /* a contiguous cache's rows need no lookup */
+        return;
 #pragma unroll
     for (int i = 0; i < G::KPT; i++) {
         const int64_t j = n0 + (threadIdx.x + i * G::THREADS) / G::CH;

@@ -293,6 +293,25 @@ static int sp_forward_whole(cli_sp *sp, const fmha_config *cfg, const fmha_forwa
     return rc;
 }
 
+/* A run's forward, timed: over the ranks where the run is sequence
+ * parallel (then only rank 0 goes on: *stop for the others, with rc 0), or
+ * in this process. A failure before it returned on its own rank: the others
+ * learn of it in sp_forward_whole's first agreement. */
+static int timed_forward(cli_sp *sp, const fmha_config *cfg, const fmha_forward_args *a,
+                         double *secs, int64_t *sent, int *stop)
+{
+    if (sp->on) {
+        const int rc = sp_forward_whole(sp, cfg, a, secs, sent);
+        *stop = rc != 0 || sp->rank != 0;
+        return rc;
+    }
+    const double t0 = now_s();
+    const fmha_status st = forward_with_progress(cfg, a);
+    *secs = now_s() - t0;
+    *stop = st != FMHA_STATUS_OK;
+    return *stop ? fail_lib("attention failed", st) : 0;
+}
+
 static void sp_print_summary(const cli_sp *sp, int64_t sent)
 {
     printf("sequence parallel: ulysses %d x ring %d on %d CPU ranks (the time is the slowest "
@@ -648,20 +667,9 @@ static int run_file(const options *o, cli_sp *sp)
     fmha_layer_free(layer);
     double dt;
     int64_t sent = 0;
-    if (sp->on) {
-        /* A failure before this point returned on its own rank: the others
-         * learn of it in sp_forward_whole's first agreement. */
-        if ((rc = sp_forward_whole(sp, &cfg, &a, &dt, &sent)) != 0 || sp->rank != 0)
-            goto done; /* the other ranks' part ends here, rc 0 */
-    } else {
-        double t0 = now_s();
-        st = forward_with_progress(&cfg, &a);
-        dt = now_s() - t0;
-        if (st != FMHA_STATUS_OK) {
-            rc = fail_lib("attention failed", st);
-            goto done;
-        }
-    }
+    int stop;
+    if ((rc = timed_forward(sp, &cfg, &a, &dt, &sent, &stop)) != 0 || stop)
+        goto done;
     if (packed)
         printf("%s: %lld packed sequences, q [%lld, %lld, %lld]", o->input,
                (long long)a.varlen_batch, (long long)a.q.seqlen, (long long)a.q.heads,
@@ -814,20 +822,9 @@ static int run_model(const options *o, cli_sp *sp)
     fflush(stdout);
     double secs;
     int64_t sent = 0;
-    if (sp->on) {
-        /* A failure before this point returned on its own rank: the others
-         * learn of it in sp_forward_whole's first agreement. */
-        if ((rc = sp_forward_whole(sp, &cfg, &a, &secs, &sent)) != 0 || sp->rank != 0)
-            goto done; /* the other ranks' part ends here, rc 0 */
-    } else {
-        double t0 = now_s();
-        st = forward_with_progress(&cfg, &a);
-        secs = now_s() - t0;
-        if (st != FMHA_STATUS_OK) {
-            rc = fail_lib("attention failed", st);
-            goto done;
-        }
-    }
+    int stop;
+    if ((rc = timed_forward(sp, &cfg, &a, &secs, &sent, &stop)) != 0 || stop)
+        goto done;
     double flops = fmha_flops(&cfg, batch, sq, sk);
     printf("time %.1f ms, %.1f GFLOP/s (%.3g GFLOP)\n", secs * 1e3, flops / secs * 1e-9,
            flops * 1e-9);

@@ -1017,17 +1017,23 @@ static void bench_report(const options *o, const bench_shape *s, const fmha_conf
     fflush(stdout);
 }
 
+/* The configuration of a benchmark shape in dtype dt under the options. */
+static void bench_config(const options *o, const bench_shape *s, fmha_dtype dt, fmha_config *cfg)
+{
+    options oo = *o;
+    oo.dtype = dt;
+    oo.causal = s->causal;
+    config_from_options(&oo, cfg, s->heads, s->kv, s->d, s->d);
+}
+
 /* One benchmark line. dt f8_e4m3 times FP8 attention on a bf16 source
  * quantized beforehand (per tensor); fp8_compute times a bf16 layer that
  * quantizes on every call. */
 static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int fp8_compute,
                      double peak_f32, double peak_bf16)
 {
-    options oo = *o;
-    oo.dtype = dt;
-    oo.causal = s->causal;
     fmha_config cfg;
-    config_from_options(&oo, &cfg, s->heads, s->kv, s->d, s->d);
+    bench_config(o, s, dt, &cfg);
     if (fp8_compute)
         cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
     const fmha_dtype sdt = dt == FMHA_DTYPE_F8_E4M3 ? FMHA_DTYPE_BF16 : dt; /* source and out */
@@ -1118,11 +1124,8 @@ done:
 static int bench_sp_one(cli_sp *sp, const options *o, const bench_shape *s, fmha_dtype dt,
                         double peak_f32, double peak_bf16)
 {
-    options oo = *o;
-    oo.dtype = dt;
-    oo.causal = s->causal;
     fmha_config cfg;
-    config_from_options(&oo, &cfg, s->heads, s->kv, s->d, s->d);
+    bench_config(o, s, dt, &cfg);
     fmha_layer *layer;
     fmha_status st = fmha_layer_init(&layer, &cfg);
     if (st != FMHA_STATUS_OK)

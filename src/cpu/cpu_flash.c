@@ -379,9 +379,9 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
 
     /* Decode slots of fewer rows than a vector step take the row products
      * (the Q^T tile then holds the rows themselves: pack_q_rows); FP8 caches
-     * take the tiles, whose loads decode and descale their rows. */
+     * in the f32 tables' (the bf16-pair tables do not read them). */
     const int by_rows = ops->row_qk && pb->kv_cache && rows < FMHA_CPU_NQ &&
-                        pb->args->k.dtype != FMHA_DTYPE_F8_E4M3;
+                        (pb->args->k.dtype != FMHA_DTYPE_F8_E4M3 || ops->elem == 4);
     if (by_rows)
         pack_q_rows(tk, ops->elem, s->qt);
     else

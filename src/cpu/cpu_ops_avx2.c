@@ -77,6 +77,9 @@ static inline __m256 loadx_avx2(const char *row, fmha_dtype dt, int64_t c)
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16));
     case FMHA_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    case FMHA_DTYPE_F8_E4M3: /* the codes' values; the caller applies the row's descale */
+        return e4m3_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c))),
+                         _mm256_set1_ps(1.0f));
     default: return _mm256_loadu_ps((const float *)row + c);
     }
 }

@@ -115,6 +115,9 @@ static inline __m512 loadx_avx512(const char *row, fmha_dtype dt, int64_t c)
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16));
     case FMHA_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    case FMHA_DTYPE_F8_E4M3: /* the codes' values; the caller applies the row's descale */
+        return e4m3_avx512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c))),
+                           _mm512_set1_ps(1.0f));
     default: return _mm512_loadu_ps((const float *)row + c);
     }
 }

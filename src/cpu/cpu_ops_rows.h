@@ -7,7 +7,9 @@
  * row_qk_walk, the order of the key walk and its prefetches, serves the
  * bf16 pair kernels too (cpu_ops_avx512.c). Written once over
  * cpu_ops_f32.h's vocabulary plus
- *   VLOADX(row, dtype, c) -> channels [c, c + VL) of an f32, f16 or bf16 row
+ *   VLOADX(row, dtype, c) -> channels [c, c + VL) of an f32, f16, bf16 or
+ *                            f8_e4m3 row (the codes' values: FP8 caches'
+ *                            descales multiply the scores and P here)
  *   VHSUM(x) -> the sum of x's lanes
  *   VHSUM4(a, b, c, d, out) -> out[0..3] = VHSUM of each
  * and cpu_ops_io.h's FMHA_PREFETCH and FMHA_PREFETCH_L2; included after both
@@ -89,6 +91,11 @@ INLINE void row_qk_walk(const fmha_cpu_task *t, const void *qr, int64_t elem, in
             }
             float *out = st + j * T_BR + s * width;
             slot((const char *)qr + s * width * t->dp * elem, t->dp, kr, pb->d, rows, out);
+            if (k->dtype == FMHA_DTYPE_F8_E4M3) {
+                const float kd = fmha_row_descale(pb, 1, t->b, j0 + j, hk[s]);
+                for (int i = 0; i < rows; i++)
+                    out[i] *= kd;
+            }
             for (int i = rows; i < wz; i++)
                 out[i] = 0.0f;
         }
@@ -125,6 +132,12 @@ static void row_qk_slot_f32(const void *q, int64_t dp, const char *kr, int64_t d
     row_qk_slot(q, dp, kr, d, rows, out, FMHA_DTYPE_F32);
 }
 
+static void row_qk_slot_f8(const void *q, int64_t dp, const char *kr, int64_t d, int rows,
+                           float *out)
+{
+    row_qk_slot(q, dp, kr, d, rows, out, FMHA_DTYPE_F8_E4M3);
+}
+
 /* cpu.h's row_qk: the queries are f32 rows, keys converted as they load. */
 static void row_qk(const fmha_cpu_task *t, const void *qr, int rows, int slots, int width,
                    const int64_t *hk, int64_t j0, int nj, float *st)
@@ -135,6 +148,9 @@ static void row_qk(const fmha_cpu_task *t, const void *qr, int rows, int slots, 
         break;
     case FMHA_DTYPE_F16:
         row_qk_walk(t, qr, 4, rows, slots, width, hk, j0, nj, st, row_qk_slot_f16);
+        break;
+    case FMHA_DTYPE_F8_E4M3:
+        row_qk_walk(t, qr, 4, rows, slots, width, hk, j0, nj, st, row_qk_slot_f8);
         break;
     default: row_qk_walk(t, qr, 4, rows, slots, width, hk, j0, nj, st, row_qk_slot_f32); break;
     }
@@ -197,6 +213,8 @@ INLINE void row_pv_dt(const float *p, int nj, const char *const *vr, const float
         row_pv_rows(p, nj, vr, dt, alpha, o, dv, dvp, i, 1);
 }
 
+/* p: the slot's probabilities, in the task's scratch: FP8 values' descales
+ * multiply them in place (softmax has summed them already). */
 static void row_pv(const fmha_cpu_task *t, const float *p, int rows, int64_t j0, int nj,
                    const float *alpha, float *o)
 {
@@ -205,6 +223,14 @@ static void row_pv(const fmha_cpu_task *t, const float *p, int rows, int64_t j0,
     const char *vr[FMHA_CPU_BC];
     fmha_kv_rows(pb, v, t->b, j0, nj, t->hk, vr);
     switch (v->dtype) {
+    case FMHA_DTYPE_F8_E4M3:
+        for (int j = 0; j < nj; j++) {
+            const float vd = fmha_row_descale(pb, 2, t->b, j0 + j, t->hk);
+            for (int i = 0; i < rows; i++)
+                ((float *)p)[j * T_BR + i] *= vd;
+        }
+        row_pv_dt(p, nj, vr, alpha, o, pb->dv, t->dvp, rows, FMHA_DTYPE_F8_E4M3);
+        break;
     case FMHA_DTYPE_BF16:
         row_pv_dt(p, nj, vr, alpha, o, pb->dv, t->dvp, rows, FMHA_DTYPE_BF16);
         break;

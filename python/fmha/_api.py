@@ -559,8 +559,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     to be written in place (float32, float16 or bfloat16, any strides with
     the last dim contiguous); else they are new arrays of q's type, dtype and
     device. With GQA/MQA dk and dv are summed over each KV head's query
-    heads. The CPU computes in float32 and is deterministic; FP8 inputs and
-    CUDA tensors raise UnsupportedError (no backward there yet).
+    heads. The CPU computes in float32 and is deterministic; f16/bf16 CUDA
+    tensors run the portable CUDA backward; FP8 inputs raise UnsupportedError.
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p,
                     deterministic=deterministic)

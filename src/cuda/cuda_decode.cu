@@ -1002,12 +1002,17 @@ extern "C" fmha_status fmha_cuda_host_kvcache(const fmha_kvcache_args *a, fmha_k
 extern "C" fmha_status fmha_cuda_kv_append(const fmha_problem *pb, const fmha_kvcache_args *a,
                                            const fmha_tensor *q_rot)
 {
-    /* Every pointer of the call before the first write. */
-    const void *ptrs[9] = {a->q.data,     a->k_cache.data, a->v_cache.data, a->out.data,  a->lse,
-                           a->k_new.data, a->v_new.data,   a->rotary_cos,   a->rotary_sin};
-    const char *names[9] = {"q",     "k_cache", "v_cache",    "out",       "lse",
-                            "k_new", "v_new",   "rotary_cos", "rotary_sin"};
-    for (int i = 0; i < 9; i++) {
+    /* Every pointer of the call before the first write (the index arrays
+     * too: with max_seqlen_k no host copy has checked them). */
+    const void *ptrs[14] = {a->q.data,     a->k_cache.data,  a->v_cache.data,    a->out.data,
+                            a->lse,        a->k_new.data,    a->v_new.data,      a->rotary_cos,
+                            a->rotary_sin, a->cache_seqlens, a->cache_batch_idx, a->block_table,
+                            a->k_descale,  a->v_descale};
+    const char *names[14] = {"q",          "k_cache",       "v_cache",         "out",
+                             "lse",        "k_new",         "v_new",           "rotary_cos",
+                             "rotary_sin", "cache_seqlens", "cache_batch_idx", "block_table",
+                             "k_descale",  "v_descale"};
+    for (int i = 0; i < 14; i++) {
         fmha_status st =
             ptrs[i] ? check_device_pointer(ptrs[i], names[i], layer_fix) : FMHA_STATUS_OK;
         if (st != FMHA_STATUS_OK)

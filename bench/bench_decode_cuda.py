@@ -112,6 +112,7 @@ def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None):
             var, _, val = env.partition("=")
             if var:
                 os.environ[var] = val
+            layer = fmha.Attention(heads, d, num_kv_heads=kv_heads)  # knobs are read at init
             times.append([kernel_us(lambda: fmha_call(n), iters) for n in sweep[1]])
             if var:
                 del os.environ[var]

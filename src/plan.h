@@ -99,6 +99,7 @@ typedef struct fmha_knobs {
     fmha_cluster_mode cluster; /* FMHA_CUDA_CLUSTER */
     fmha_fp8_accum fp8_accum;  /* FMHA_FP8_ACCUM */
     int fp8_attn_off;          /* FMHA_FP8_ATTN=0 */
+    int decode_l2_prefetch; /* FMHA_CUDA_DECODE_L2PF: the decode loads' L2 prefetch, 0/128/256 B */
 } fmha_knobs;
 
 typedef struct fmha_plan {

@@ -129,6 +129,13 @@ fmha_status fmha_knobs_read(const fmha_config *cfg, fmha_knobs *k)
             return bad_knob("FMHA_CUDA_CLUSTER", env, "auto, 0 or 1");
         k->cluster = env[0] == '1' ? FMHA_CLUSTER_ON : FMHA_CLUSTER_OFF;
     }
+    if (cuda && (env = getenv("FMHA_CUDA_DECODE_L2PF")) && *env) { /* a tuning knob */
+        static const char *const names[] = {"0", "128", "256"};
+        const int i = name_index(env, names, 3);
+        if (i < 0)
+            return bad_knob("FMHA_CUDA_DECODE_L2PF", env, "one of 0, 128, 256 (bytes)");
+        k->decode_l2_prefetch = i * 128;
+    }
     if (cuda && (env = getenv("FMHA_FP8_ACCUM")) && *env) {
         static const char *const names[] = {"auto", "single", "two_level"};
         const int i = name_index(env, names, 3);

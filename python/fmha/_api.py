@@ -253,7 +253,7 @@ def _new_layer(cfg, index):
 # The environment variables a libfmha layer reads once, at its making (fmha.h):
 # a kept layer is only reused while they are unchanged.
 _KNOBS = ("FMHA_CPU_ISA", "FMHA_CUDA_KERNEL", "FMHA_CUDA_SCHEDULE", "FMHA_CUDA_CLUSTER",
-          "FMHA_FP8_ACCUM", "FMHA_FP8_ATTN")
+          "FMHA_FP8_ACCUM", "FMHA_FP8_ATTN", "FMHA_CUDA_DECODE_L2PF")
 _ONESHOT_LAYERS = 32  # per thread, least recently used out first
 _oneshot = threading.local()
 

@@ -28,7 +28,6 @@
 #include "../alloc.h"
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <type_traits>
 #include <string.h>
 
@@ -57,7 +56,7 @@ struct dec_params {
     int out_dtype;
     int aligned; /* caches' and q's rows in 16-byte chunks */
     int splits;
-    int l2_prefetch; /* tuning: FMHA_CUDA_DECODE_L2PF=128|256, the loads' L2 prefetch size */
+    int l2_prefetch; /* the loads' L2 prefetch size, 0/128/256 (the FMHA_CUDA_DECODE_L2PF knob) */
     const float *k_descale, *v_descale; /* FP8 caches (fmha_kv_descale_layout) */
     int kv_descale_layout;
     int device_checked;       /* the index arrays unchecked by the host (max_seqlen_k): seq_ok */
@@ -851,8 +850,6 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
     if (err != cudaSuccess)
         return cuda_error(err, "preparing the decode kernel");
     p.row_blocks = (p.rows + 16 * RT - 1) / (16 * RT);
-    const char *pf = getenv("FMHA_CUDA_DECODE_L2PF");
-    p.l2_prefetch = pf ? atoi(pf) : 0;
     const int64_t blocks = (int64_t)p.batch * p.kv_heads * p.row_blocks;
     if (blocks > INT32_MAX)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
@@ -932,6 +929,7 @@ fmha_status decode_forward(const fmha_plan *plan, const fmha_problem *pb, fmha_w
 {
     dec_params p;
     fill_params(pb, &p);
+    p.l2_prefetch = plan->knobs.decode_l2_prefetch;
     const bool bf16 = plan->cfg.dtype == FMHA_DTYPE_BF16;
     fmha_status st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "no decode variant for head dim %d",
                                     plan->head_dim_variant);

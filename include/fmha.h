@@ -680,8 +680,8 @@ FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_f
  *
  * max_seqlen_k > 0 bounds every sequence's keys (cached plus new). On the
  * CPU a sequence past it is INVALID_ARGUMENT. On CUDA it lets the call run
- * without that host copy (no synchronisation: a call a CUDA graph can
- * capture): the host checks max_seqlen_k against the capacity and the
+ * without that host copy (no synchronisation, as CUDA graph capture
+ * needs): the host checks max_seqlen_k against the capacity and the
  * rotary table, and the kernels check each sequence's own entries: a
  * cache_seqlens entry negative or past max_seqlen_k (with the new tokens)
  * or a cache_batch_idx outside the cache, and that sequence gets nothing

@@ -802,7 +802,7 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
 
     max_seqlen_k: a bound on every sequence's keys (cached plus new). On
     CUDA it spares the call its host copy of cache_seqlens and the block
-    table (no synchronisation, CUDA-graph capturable): the kernels check
+    table (no synchronisation, as CUDA-graph capture needs): the kernels check
     those arrays, and a sequence whose entries are wrong comes out NaN
     (fmha.h says which). On the CPU a sequence past it is refused.
 

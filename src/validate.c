@@ -182,6 +182,23 @@ static fmha_status check_cu_seqlens(const int32_t *cu, int64_t n, int64_t total,
     return FMHA_STATUS_OK;
 }
 
+/* On the CPU (host memory), every one of the counts[i] entries of the n
+ * descale arrays ds finite and > 0; on a device they stay in device memory,
+ * where the kernel reads them. */
+static fmha_status check_descale_values(const fmha_config *cfg, int n, const float *const *ds,
+                                        const char *const *names, const int64_t *counts)
+{
+    if (cfg->device != FMHA_DEVICE_CPU)
+        return FMHA_STATUS_OK;
+    for (int i = 0; i < n; i++)
+        for (int64_t e = 0; ds[i] && e < counts[i]; e++)
+            if (!(isfinite(ds[i][e]) && ds[i][e] > 0.0f))
+                return INVALID("%s[%lld] (%g) must be finite and > 0: a descale multiplies the "
+                               "FP8 codes back to their values (the quantizer's scale)",
+                               names[i], (long long)e, (double)ds[i][e]);
+    return FMHA_STATUS_OK;
+}
+
 /* The descales of FP8 inputs: present only for f8_e4m3, a known layout, and
  * on the CPU (host memory) every entry finite and > 0. */
 static fmha_status validate_descales(const fmha_config *cfg, const fmha_forward_args *a,
@@ -228,15 +245,7 @@ static fmha_status validate_descales(const fmha_config *cfg, const fmha_forward_
         return INVALID("descale_layout (%d) is not a fmha_descale_layout value",
                        (int)a->descale_layout);
     }
-    if (cfg->device != FMHA_DEVICE_CPU) /* device memory: the kernel reads the values */
-        return FMHA_STATUS_OK;
-    for (int i = 0; i < 3; i++)
-        for (int64_t e = 0; ds[i] && e < counts[i]; e++)
-            if (!(isfinite(ds[i][e]) && ds[i][e] > 0.0f))
-                return INVALID("%s[%lld] (%g) must be finite and > 0: a descale multiplies the "
-                               "FP8 codes back to their values (the quantizer's scale)",
-                               names[i], (long long)e, (double)ds[i][e]);
-    return FMHA_STATUS_OK;
+    return check_descale_values(cfg, 3, ds, names, counts);
 }
 
 fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *a,
@@ -577,15 +586,8 @@ static fmha_status check_cache_descales(const fmha_config *cfg, const fmha_kvcac
         return INVALID("kv_descale_layout (%d) is not a fmha_kv_descale_layout value",
                        (int)a->kv_descale_layout);
     }
-    if (cfg->device != FMHA_DEVICE_CPU) /* device memory: the kernel reads the values */
-        return FMHA_STATUS_OK;
-    for (int i = 0; i < 2; i++)
-        for (int64_t e = 0; e < count; e++)
-            if (!(isfinite(ds[i][e]) && ds[i][e] > 0.0f))
-                return INVALID("%s[%lld] (%g) must be finite and > 0: a descale multiplies the "
-                               "cache's FP8 codes back to their values",
-                               names[i], (long long)e, (double)ds[i][e]);
-    return FMHA_STATUS_OK;
+    const int64_t counts[2] = {count, count};
+    return check_descale_values(cfg, 2, ds, names, counts);
 }
 
 fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args *a,

@@ -20,63 +20,40 @@ static float rotated_at(const fmha_kvcache_args *a, const void *src, fmha_dtype 
     return c == c1 ? x1 * cs - x2 * sn : x1 * sn + x2 * cs;
 }
 
-/* Row src (n channels of dtype, rotated at pos where a has rotary and
- * `rotate`) into an FP8 cache row as codes of value / descale. */
-static void quantize_row(const fmha_kvcache_args *a, uint8_t *dst, const void *src,
-                         fmha_dtype dtype, int64_t n, int64_t pos, int rotate, float descale)
+/* Row src (n channels of sdt) into row dst of ddt, rotated at pos where
+ * `rotate` (channels past a->rotary_dim as they are): each value rounded
+ * once to ddt, or for an FP8 row the code of value / descale; a row that
+ * neither rotates nor converts is copied. */
+static void put_row(const fmha_kvcache_args *a, void *dst, fmha_dtype ddt, const void *src,
+                    fmha_dtype sdt, int64_t n, int64_t pos, int rotate, float descale)
 {
-    for (int64_t c = 0; c < n; c++)
-        dst[c] = fmha_f32_to_e4m3(
-            (rotate ? rotated_at(a, src, dtype, c, pos) : fmha_load_f32(src, dtype, c)) / descale);
-}
-
-/* Row `src` of n channels rotated at `pos` into `dst` (both of `dtype`):
- * pairs of the first a->rotary_dim channels, the rest copied. */
-static void rotate_row(const fmha_kvcache_args *a, void *dst, const void *src, fmha_dtype dtype,
-                       int64_t n, int64_t pos)
-{
-    const int64_t half = a->rotary_dim / 2;
-    const float *cos_row = a->rotary_cos + pos * half, *sin_row = a->rotary_sin + pos * half;
-    float x[2];
-    for (int64_t c = 0; c < half; c++) {
-        int64_t c1, c2;
-        fmha_rotary_pair(a->rotary_dim, a->rotary_interleaved, c, &c1, &c2);
-        x[0] = fmha_load_f32(src, dtype, c1);
-        x[1] = fmha_load_f32(src, dtype, c2);
-        fmha_store_f32(dst, dtype, c1, x[0] * cos_row[c] - x[1] * sin_row[c]);
-        fmha_store_f32(dst, dtype, c2, x[0] * sin_row[c] + x[1] * cos_row[c]);
+    if (!rotate && ddt == sdt) {
+        memcpy(dst, src, (size_t)n * fmha_dtype_size(sdt));
+        return;
     }
-    const size_t elem = fmha_dtype_size(dtype);
-    memcpy((char *)dst + a->rotary_dim * elem, (const char *)src + a->rotary_dim * elem,
-           (size_t)(n - a->rotary_dim) * elem);
+    for (int64_t c = 0; c < n; c++) {
+        const float x = rotate ? rotated_at(a, src, sdt, c, pos) : fmha_load_f32(src, sdt, c);
+        if (ddt == FMHA_DTYPE_F8_E4M3)
+            ((uint8_t *)dst)[c] = fmha_f32_to_e4m3(x / descale);
+        else
+            fmha_store_f32(dst, ddt, c, x);
+    }
 }
 
 fmha_status fmha_cpu_kv_append(const fmha_problem *pb, const fmha_kvcache_args *a,
                                const fmha_tensor *q_rot)
 {
     const fmha_tensor *kc = &pb->args->k, *vc = &pb->args->v;
-    const size_t kbytes = (size_t)pb->d * fmha_dtype_size(kc->dtype);
-    const size_t vbytes = (size_t)pb->dv * fmha_dtype_size(vc->dtype);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < pb->batch; b++) {
         for (int64_t i = 0; i < pb->seqlen_new; i++) {
             const int64_t pos = fmha_cache_keys(pb, b) - pb->seqlen_new + i;
             for (int64_t h = 0; h < pb->kv_heads; h++) {
-                const char *kn = fmha_row(&a->k_new, b, i, h);
-                char *kd = fmha_kv_row(pb, kc, b, pos, h);
-                if (kc->dtype == FMHA_DTYPE_F8_E4M3) {
-                    quantize_row(a, (uint8_t *)kd, kn, a->k_new.dtype, pb->d, pos,
-                                 a->rotary_dim > 0, fmha_row_descale(pb, 1, b, pos, h));
-                    quantize_row(a, (uint8_t *)fmha_kv_row(pb, vc, b, pos, h),
-                                 fmha_row(&a->v_new, b, i, h), a->v_new.dtype, pb->dv, pos, 0,
-                                 fmha_row_descale(pb, 2, b, pos, h));
-                    continue;
-                }
-                if (a->rotary_dim > 0)
-                    rotate_row(a, kd, kn, kc->dtype, pb->d, pos);
-                else
-                    memcpy(kd, kn, kbytes);
-                memcpy(fmha_kv_row(pb, vc, b, pos, h), fmha_row(&a->v_new, b, i, h), vbytes);
+                put_row(a, fmha_kv_row(pb, kc, b, pos, h), kc->dtype, fmha_row(&a->k_new, b, i, h),
+                        a->k_new.dtype, pb->d, pos, a->rotary_dim > 0,
+                        fmha_row_descale(pb, 1, b, pos, h));
+                put_row(a, fmha_kv_row(pb, vc, b, pos, h), vc->dtype, fmha_row(&a->v_new, b, i, h),
+                        a->v_new.dtype, pb->dv, pos, 0, fmha_row_descale(pb, 2, b, pos, h));
             }
         }
     }
@@ -86,8 +63,8 @@ fmha_status fmha_cpu_kv_append(const fmha_problem *pb, const fmha_kvcache_args *
         const int64_t cached = fmha_cache_keys(pb, b) - pb->seqlen_new;
         for (int64_t i = 0; i < a->q.seqlen; i++)
             for (int64_t h = 0; h < pb->heads; h++)
-                rotate_row(a, fmha_row(q_rot, b, i, h), fmha_row(&a->q, b, i, h), a->q.dtype, pb->d,
-                           fmha_rotary_q_pos(pb->cfg, cached, i));
+                put_row(a, fmha_row(q_rot, b, i, h), a->q.dtype, fmha_row(&a->q, b, i, h),
+                        a->q.dtype, pb->d, fmha_rotary_q_pos(pb->cfg, cached, i), 1, 1.0f);
     }
     return FMHA_STATUS_OK;
 }

@@ -1026,6 +1026,17 @@ static void bench_config(const options *o, const bench_shape *s, fmha_dtype dt, 
     config_from_options(&oo, cfg, s->heads, s->kv, s->d, s->d);
 }
 
+/* The forward arguments of a benchmark shape over buffers q, k, v, out of dtype dt. */
+static void bench_views(const bench_shape *s, fmha_dtype dt, void *q, void *k, void *v, void *out,
+                        fmha_forward_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->q = fmha_tensor_bshd(q, dt, s->batch, s->sq, s->heads, s->d);
+    a->k = fmha_tensor_bshd(k, dt, s->batch, s->sk, s->kv, s->d);
+    a->v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
+    a->out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
+}
+
 /* One benchmark line. dt f8_e4m3 times FP8 attention on a bf16 source
  * quantized beforehand (per tensor); fp8_compute times a bf16 layer that
  * quantizes on every call. */
@@ -1058,11 +1069,7 @@ static int bench_one(const options *o, const bench_shape *s, fmha_dtype dt, int 
         goto done;
     }
     fmha_forward_args a;
-    memset(&a, 0, sizeof a);
-    a.q = fmha_tensor_bshd(q, sdt, s->batch, s->sq, s->heads, s->d);
-    a.k = fmha_tensor_bshd(k, sdt, s->batch, s->sk, s->kv, s->d);
-    a.v = fmha_tensor_bshd(v, sdt, s->batch, s->sk, s->kv, s->d);
-    a.out = fmha_tensor_bshd(out, sdt, s->batch, s->sq, s->heads, s->d);
+    bench_views(s, sdt, q, k, v, out, &a);
     if (dt == FMHA_DTYPE_F8_E4M3) {
         char qerr[512];
         if (fp8_args_make(&f8, &a, s->kv, FMHA_DESCALE_PER_TENSOR, 0, qerr, sizeof qerr)) {
@@ -1149,11 +1156,7 @@ static int bench_sp_one(cli_sp *sp, const options *o, const bench_shape *s, fmha
         rc = 1;
     } else {
         fmha_forward_args a;
-        memset(&a, 0, sizeof a);
-        a.q = fmha_tensor_bshd(q, dt, s->batch, s->sq, s->heads, s->d);
-        a.k = fmha_tensor_bshd(k, dt, s->batch, s->sk, s->kv, s->d);
-        a.v = fmha_tensor_bshd(v, dt, s->batch, s->sk, s->kv, s->d);
-        a.out = fmha_tensor_bshd(out, dt, s->batch, s->sq, s->heads, s->d);
+        bench_views(s, dt, q, k, v, out, &a);
         rc = cli_sp_shard_init(sp, &sh, &a);
     }
     double one;

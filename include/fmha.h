@@ -255,6 +255,31 @@ typedef enum fmha_descale_layout {
                                     (packed tensors: batch 1, blocks over the packed tokens) */
 } fmha_descale_layout;
 
+/* An attention mask or additive bias of a forward call (fmha_forward_args.mask):
+ * element (b, h, i, j) — sequence b, query head h, query i and key j, i and j
+ * positions inside their own sequence — at
+ *     data + b * stride_batch + h * stride_head + i * stride_q + j * stride_k
+ * elements. A stride of 0 broadcasts (torch's [1, 1, sq, sk] masks, or
+ * [batch, 1, 1, sk] padding masks, expanded). FMHA_MASK_BOOL: one byte per
+ * element, 0 hides key j from query i (torch's False), any other value keeps
+ * it. FMHA_MASK_ADD_*: a value added to the scaled score (after softcap),
+ * -inf hiding the key; +inf or NaN make the row NaN. A row every key of
+ * which is hidden gets out = 0 and lse = -inf, as rows that causal or window
+ * masks leave without keys. Packed batches index b by sequence, i and j
+ * inside it: the mask of a padded batch of the same sequences. */
+typedef enum fmha_mask_type {
+    FMHA_MASK_BOOL = 0, /* uint8 / torch.bool */
+    FMHA_MASK_ADD_F32,
+    FMHA_MASK_ADD_F16,
+    FMHA_MASK_ADD_BF16
+} fmha_mask_type;
+
+typedef struct fmha_attn_mask {
+    const void *data; /* NULL = no mask */
+    fmha_mask_type type;
+    int64_t stride_batch, stride_head, stride_q, stride_k; /* elements, >= 0 */
+} fmha_attn_mask;
+
 /* Arguments of one forward call.
  *
  * Padded batch (cu_seqlens_q == NULL):
@@ -297,6 +322,19 @@ typedef enum fmha_descale_layout {
  * the error of FP8 accumulation over long key ranges); FMHA_FP8_ACCUM=
  * two_level or single forces one mode for every length, auto is the default.
  *
+ * Score modifiers, in this order, on s = scale * q . k (after softcap):
+ *   s + mask(b, h, i, j) (FMHA_MASK_ADD_*; fmha_attn_mask above)
+ *     - alibi_slopes[b * alibi_stride_batch + h] * |i + sk - sq - j|
+ * (ALiBi aligned as causal masks are, bottom-right; alibi_stride_batch 0:
+ * one slope per head for every sequence, num_heads: flash-attn's [batch,
+ * num_heads] slopes); a FMHA_MASK_BOOL mask, causal and windows hide keys.
+ * sinks[num_heads] add one logit per head to every row's softmax as a key of
+ * value 0 (attention sinks): out = sum_j e^(s_j) v_j / (e^sink + sum_j
+ * e^(s_j)), lse = log(e^sink + sum_j e^(s_j)); a row with no visible key gets
+ * out 0 and lse = sink. Slopes must be finite and sinks not NaN (-inf: no
+ * sink). Mask, slopes and sinks sit in q's memory. CPU layers run them;
+ * CUDA layers answer UNSUPPORTED (fmha_sp_args has none of them).
+ *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
  * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),
  * head dims are at most 256, and the call returns once the kernel is queued on
@@ -315,6 +353,11 @@ typedef struct fmha_forward_args {
     const float *descale_q, *descale_k, *descale_v; /* f8_e4m3 inputs only; NULL = 1 */
     fmha_descale_layout descale_layout;
     int64_t descale_block_rows; /* tokens per block for FMHA_DESCALE_PER_BLOCK */
+    /* Score modifiers (above); each NULL = none */
+    fmha_attn_mask mask;
+    const float *alibi_slopes; /* [num_heads], or [batch, alibi_stride_batch >= num_heads] */
+    int64_t alibi_stride_batch;
+    const float *sinks; /* [num_heads] */
 } fmha_forward_args;
 
 /* ------------------------------------------------------- merging partials */
@@ -516,7 +559,9 @@ FMHA_API fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_confi
  * query heads it serves. Rows of packed dq, dk and dv outside every sequence
  * are written 0. Gradient rows must not overlap (as out's, fmha_tensor) and
  * must not share memory with the inputs. f8_e4m3 inputs (and fp8_compute
- * layers) have no backward: UNSUPPORTED. */
+ * layers) have no backward: UNSUPPORTED. Score modifiers (CPU layers) are the
+ * forward's; no gradient flows into the mask or the slopes, and dsinks[h] =
+ * -sum over the rows of head h of e^(sink_h - lse) (dout . out). */
 typedef struct fmha_backward_args {
     fmha_tensor q, k, v, out, dout;
     const float *lse;
@@ -527,6 +572,13 @@ typedef struct fmha_backward_args {
     int64_t max_seqlen_q, max_seqlen_k;
     uint64_t seed, offset; /* the forward's dropout stream */
     void *stream;          /* cudaStream_t for the CUDA backend; NULL = default stream */
+    /* The forward's score modifiers (fmha_forward_args), and the gradient of
+       the sinks: dsinks[num_heads] f32, written (NULL: not wanted; needs sinks) */
+    fmha_attn_mask mask;
+    const float *alibi_slopes;
+    int64_t alibi_stride_batch;
+    const float *sinks;
+    float *dsinks;
 } fmha_backward_args;
 
 /* ------------------------------------------------------------ kernel choice */
@@ -727,6 +779,11 @@ typedef struct fmha_kvcache_args {
     const float *k_descale, *v_descale; /* f8_e4m3 caches only (both required); NULL otherwise */
     fmha_kv_descale_layout kv_descale_layout;
     int64_t max_seqlen_k; /* 0, or a bound on every sequence's keys (above) */
+    /* ALiBi and attention sinks as in fmha_forward_args (CPU layers), each key
+       at its distance from the query's diagonal in the cache; NULL = none */
+    const float *alibi_slopes;
+    int64_t alibi_stride_batch;
+    const float *sinks;
 } fmha_kvcache_args;
 
 /* Runs one decode call on a layer (its heads, head dims, dtype, scale, masks

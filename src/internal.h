@@ -81,6 +81,20 @@ static inline void fmha_seq_bounds(const fmha_problem *pb, int64_t b, int64_t *q
     }
 }
 
+/* Whether a call has score modifiers (fmha_forward_args: mask, ALiBi, sinks). */
+static inline int fmha_has_score_mods(const fmha_forward_args *a)
+{
+    return a->mask.data || a->alibi_slopes || a->sinks;
+}
+
+/* The dtype of an additive mask's values (FMHA_MASK_ADD_*). */
+static inline fmha_dtype fmha_mask_dtype(fmha_mask_type t)
+{
+    return t == FMHA_MASK_ADD_F16    ? FMHA_DTYPE_F16
+           : t == FMHA_MASK_ADD_BF16 ? FMHA_DTYPE_BF16
+                                     : FMHA_DTYPE_F32;
+}
+
 /* Keys visible to query row i: one interval [lo, hi) (semantics.h). */
 static inline void fmha_visible_range(const fmha_config *cfg, int64_t i, int64_t sq, int64_t sk,
                                       int64_t *lo, int64_t *hi)

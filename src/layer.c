@@ -285,7 +285,8 @@ static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
     /* batch 0: no row of any gradient. Otherwise seqlen_q 0 still has dk and
      * dv rows to zero, and seqlen_k 0 dq rows: the backend writes them. */
     if ((st = fmha_validate_backward_args(&layer->cfg, &host, &fwd, &pb)) == FMHA_STATUS_OK &&
-        pb.batch > 0 && (st = check_finite(layer, &fwd)) == FMHA_STATUS_OK) {
+        pb.batch > 0 && (st = fmha_plan_check_mods(&bwd, &pb)) == FMHA_STATUS_OK &&
+        (st = check_finite(layer, &fwd)) == FMHA_STATUS_OK) {
         pb.cfg = &bwd.cfg;
         pb.bwd = args;
         layer->last = bwd;

@@ -36,6 +36,35 @@ static void load_q(const fmha_problem *pb, const fmha_kvcache_args *kv, int64_t 
     }
 }
 
+/* What the score modifiers (fmha_forward_args) add to the score of query i
+ * and key j of sequence b, head h: the additive mask's value minus ALiBi's
+ * slope times the distance from the query's diagonal, or -inf where a
+ * boolean mask hides the key. */
+static double score_bias(const fmha_forward_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
+                         int64_t sq, int64_t sk)
+{
+    const fmha_attn_mask *m = &a->mask;
+    double x = 0.0;
+    if (m->data) {
+        const int64_t e =
+            b * m->stride_batch + h * m->stride_head + i * m->stride_q + j * m->stride_k;
+        if (m->type == FMHA_MASK_BOOL && ((const uint8_t *)m->data)[e] == 0)
+            return -INFINITY;
+        if (m->type != FMHA_MASK_BOOL)
+            x = fmha_load_f32(m->data, fmha_mask_dtype(m->type), e);
+    }
+    if (a->alibi_slopes)
+        x -= (double)a->alibi_slopes[b * a->alibi_stride_batch + h] *
+             fabs((double)(i + sk - sq - j));
+    return x;
+}
+
+/* The sink logit of head h: -inf without sinks. */
+static double sink_of(const fmha_forward_args *a, int64_t h)
+{
+    return a->sinks ? (double)a->sinks[h] : -INFINITY;
+}
+
 /* Each thread's scratch of attention(), allocated before anything is
  * written: the scores of a row, its accumulator and its query. */
 static int64_t scratch_per_thread(const fmha_problem *pb)
@@ -89,14 +118,19 @@ static fmha_status attention(const fmha_config *cfg, const fmha_problem *ppb,
                     s *= pb.scale;
                     if (cfg->softcap > 0.0)
                         s = cfg->softcap * tanh(s / cfg->softcap);
+                    s += score_bias(a, b, h, i, j, sq, sk);
                     scores[j - lo] = s;
                     if (s > m)
                         m = s;
                 }
+                /* A sink is one more logit in the softmax, of a key whose value is 0. */
+                const double sink = sink_of(a, h);
+                if (sink > m && !isnan(m))
+                    m = sink;
 
                 for (int64_t c = 0; c < dv; c++)
                     acc[c] = 0.0;
-                double l = 0.0;
+                double l = sink > -INFINITY ? exp(sink - m) : 0.0;
                 /* The non-finite policy (docs/reliability.md): a NaN or +inf score
                  * makes the row NaN (exp(NaN), exp(inf - inf)); -inf scores weigh 0,
                  * and a row of nothing else is a row that sees no key. */
@@ -243,8 +277,13 @@ fmha_status fmha_reference_backward(const fmha_config *cfg, const fmha_backward_
     const int threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
     const int64_t per_thread = 4 * sk_max + d + sk_max * (d + dv);
     double *scratch = fmha_malloc(sizeof(double) * (size_t)(per_thread * threads));
-    if (!scratch)
+    /* d sinks of each (sequence, head), summed over the sequences at the end */
+    double *dsink = fmha_calloc((size_t)(pb.batch * pb.heads), sizeof(double));
+    if (!scratch || !dsink) {
+        fmha_free(scratch);
+        fmha_free(dsink);
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory in the reference");
+    }
 
     /* Tokens of a packed batch that belong to no sequence get zero gradients. */
     if (pb.varlen) {
@@ -282,13 +321,18 @@ fmha_status fmha_reference_backward(const fmha_config *cfg, const fmha_backward_
                             x += (double)fmha_load_f32(qrow, a->q.dtype, c) *
                                  (double)fmha_load_f32(krow, a->k.dtype, c);
                         x *= pb.scale;
+                        /* s: softcap's output (its derivative below); p: the logit */
                         s[j] = cfg->softcap > 0.0 ? cfg->softcap * tanh(x / cfg->softcap) : x;
-                        if (s[j] > m)
-                            m = s[j];
+                        p[j] = s[j] + score_bias(&fwd, b, h, i, j, sq, sk);
+                        if (p[j] > m)
+                            m = p[j];
                     }
-                    double l = 0.0;
+                    const double sink = sink_of(&fwd, h);
+                    if (sink > m && !isnan(m))
+                        m = sink;
+                    double l = sink > -INFINITY ? exp(sink - m) : 0.0;
                     for (int64_t j = lo; j < hi; j++) {
-                        p[j] = m == -INFINITY && !isnan(s[j]) ? 0.0 : exp(s[j] - m);
+                        p[j] = m == -INFINITY && !isnan(p[j]) ? 0.0 : exp(p[j] - m);
                         l += p[j];
                     }
                     /* out = sum_j p_j keep_j v_j with keep_j = 0 or 1 / (1 - dropout_p);
@@ -310,6 +354,10 @@ fmha_status fmha_reference_backward(const fmha_config *cfg, const fmha_backward_
                         dp[j] = keep[j] * dov;
                         D += p[j] * dp[j];
                     }
+                    /* d sink = P_sink (dP_sink - D), dP_sink = 0 (its value is 0) */
+                    if (a->dsinks && sink > -INFINITY)
+                        dsink[b * pb.heads + h] -=
+                            (l > 0.0 || isnan(l) ? exp(sink - m) / l : 0.0) * D;
                     for (int64_t c = 0; c < d; c++)
                         dq[c] = 0.0;
                     for (int64_t j = lo; j < hi; j++) {
@@ -336,6 +384,13 @@ fmha_status fmha_reference_backward(const fmha_config *cfg, const fmha_backward_
             }
         }
     }
+    for (int64_t h = 0; a->dsinks && h < pb.heads; h++) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < pb.batch; b++)
+            sum += dsink[b * pb.heads + h];
+        a->dsinks[h] = (float)sum;
+    }
     fmha_free(scratch);
+    fmha_free(dsink);
     return FMHA_STATUS_OK;
 }

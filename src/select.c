@@ -463,11 +463,29 @@ fmha_status fmha_plan_decode(const fmha_plan *fwd, fmha_plan *dec)
     return FMHA_STATUS_OK;
 }
 
+fmha_status fmha_plan_check_mods(const fmha_plan *plan, const fmha_problem *pb)
+{
+    const fmha_forward_args *a = pb->args;
+    if (!fmha_has_score_mods(a) || plan->kernel->info.device == FMHA_DEVICE_CPU)
+        return FMHA_STATUS_OK;
+    return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                          "%s is given, but %s runs no score modifiers (attention masks, ALiBi "
+                          "slopes, sinks run on CPU layers): use device cpu, or express the "
+                          "mask as causal or window_left / window_right",
+                          a->mask.data      ? "mask"
+                          : a->alibi_slopes ? "alibi_slopes"
+                                            : "sinks",
+                          plan->kernel->info.name);
+}
+
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call)
 {
     const fmha_forward_args *a = pb->args;
     *call = *plan;
     const fmha_kernel_desc *k = plan->kernel;
+    fmha_status mods = fmha_plan_check_mods(plan, pb);
+    if (mods != FMHA_STATUS_OK)
+        return mods;
     if (pb->kv_cache && a->k.dtype == FMHA_DTYPE_F8_E4M3 && !(k->inputs >> a->k.dtype & 1u)) {
         /* FP8 caches: the kernel that also takes f8_e4m3 rows (the CPU's f32 tables) */
         fmha_plan f8 = *plan;

@@ -28,6 +28,11 @@ fmha_status fmha_plan_backward(const fmha_plan *fwd, fmha_plan *bwd);
  * not take, clusters and two-level accumulation from the lengths. */
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call);
 
+/* UNSUPPORTED where the call has score modifiers (mask, ALiBi, sinks) and
+ * the plan's kernel is not a CPU kernel (the CPU kernels run them); part of
+ * fmha_plan_for_call, and what a backward call checks. */
+fmha_status fmha_plan_check_mods(const fmha_plan *plan, const fmha_problem *pb);
+
 /* The plan of a layer's decode calls (fmha_layer_decode): the layer's own
  * where its kernel reads KV caches, else the device's decode kernel of
  * kernels.def (FMHA_CUDA_DEC_KERNEL) chosen by the same rules, or

@@ -248,6 +248,50 @@ static fmha_status validate_descales(const fmha_config *cfg, const fmha_forward_
     return check_descale_values(cfg, 3, ds, names, counts);
 }
 
+/* The score modifiers of a call (fmha_forward_args): a known mask type with
+ * strides >= 0, ALiBi's batch stride >= 0, and on the CPU (host memory)
+ * every slope finite and no sink NaN. */
+static fmha_status check_score_mods(const fmha_config *cfg, const fmha_forward_args *a,
+                                    const fmha_problem *pb)
+{
+    const fmha_attn_mask *m = &a->mask;
+    if (m->data) {
+        if ((unsigned)m->type > FMHA_MASK_ADD_BF16)
+            return INVALID("mask.type (%d) is not a fmha_mask_type value", (int)m->type);
+        if (m->stride_batch < 0 || m->stride_head < 0 || m->stride_q < 0 || m->stride_k < 0)
+            return INVALID("mask strides (%lld, %lld, %lld, %lld) must be >= 0 (0 broadcasts)",
+                           (long long)m->stride_batch, (long long)m->stride_head,
+                           (long long)m->stride_q, (long long)m->stride_k);
+    }
+    if (a->sinks && cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF &&
+        (cfg->fp8_smooth_k || cfg->fp8_compute == FMHA_FP8_COMPUTE_INT8_QK))
+        return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                              "sinks with K smoothing (fp8_smooth_k, or fp8_compute int8_qk): "
+                              "smoothing moves each row's scores by its own amount, which a "
+                              "sink's fixed logit would not follow; turn smoothing off");
+    if (a->alibi_slopes && a->alibi_stride_batch < 0)
+        return INVALID("alibi_stride_batch (%lld) must be >= 0 (0: one slope per head for every "
+                       "sequence, num_heads: [batch, num_heads] slopes)",
+                       (long long)a->alibi_stride_batch);
+    if (cfg->device != FMHA_DEVICE_CPU)
+        return FMHA_STATUS_OK;
+    int64_t nslopes = 0;
+    if (a->alibi_slopes && mul_overflows(a->alibi_stride_batch, pb->batch - 1, &nslopes))
+        return INVALID("alibi_stride_batch (%lld) x %lld sequences overflows int64",
+                       (long long)a->alibi_stride_batch, (long long)pb->batch);
+    nslopes += pb->heads;
+    for (int64_t e = 0; a->alibi_slopes && e < nslopes; e++)
+        if (!isfinite(a->alibi_slopes[e]))
+            return INVALID("alibi_slopes[%lld] (%g) must be finite", (long long)e,
+                           (double)a->alibi_slopes[e]);
+    for (int64_t h = 0; a->sinks && h < pb->heads; h++)
+        if (isnan(a->sinks[h]) || a->sinks[h] == INFINITY)
+            return INVALID("sinks[%lld] (%g) must be finite or -inf (no sink for that head): a "
+                           "sink is a logit",
+                           (long long)h, (double)a->sinks[h]);
+    return FMHA_STATUS_OK;
+}
+
 fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *a,
                                   fmha_problem *pb)
 {
@@ -359,7 +403,8 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         return INVALID("batch x heads (%lld x %lld) exceeds 2^31", (long long)pb->batch,
                        (long long)pb->heads);
 
-    if ((st = validate_descales(cfg, a, pb)) != FMHA_STATUS_OK)
+    if ((st = validate_descales(cfg, a, pb)) != FMHA_STATUS_OK ||
+        (st = check_score_mods(cfg, a, pb)) != FMHA_STATUS_OK)
         return st;
 
     pb->scale = cfg->softmax_scale != 0.0 ? cfg->softmax_scale : 1.0 / sqrt((double)cfg->head_dim);
@@ -693,6 +738,11 @@ fmha_status fmha_validate_decode(const fmha_config *cfg, const fmha_kvcache_args
     fwd->descale_k = a->k_descale;
     fwd->descale_v = a->v_descale;
     pb->kv_descale_layout = a->kv_descale_layout;
+    fwd->alibi_slopes = a->alibi_slopes;
+    fwd->alibi_stride_batch = a->alibi_stride_batch;
+    fwd->sinks = a->sinks;
+    if ((st = check_score_mods(cfg, fwd, pb)) != FMHA_STATUS_OK)
+        return st;
     return check_rotary(cfg, a, pb);
 }
 
@@ -918,9 +968,16 @@ fmha_status fmha_validate_backward_args(const fmha_config *cfg, const fmha_backw
     fwd->seed = b->seed;
     fwd->offset = b->offset;
     fwd->stream = b->stream;
+    fwd->mask = b->mask;
+    fwd->alibi_slopes = b->alibi_slopes;
+    fwd->alibi_stride_batch = b->alibi_stride_batch;
+    fwd->sinks = b->sinks;
     fmha_status st = fmha_validate_args(cfg, fwd, pb);
     if (st != FMHA_STATUS_OK)
         return st;
+    if (b->dsinks && !b->sinks)
+        return INVALID("dsinks is given without sinks: the gradient of the sinks needs the "
+                       "forward's sinks");
     if (!b->lse)
         return INVALID("lse is NULL: the backward needs the LSE the forward wrote (pass an lse "
                        "buffer to the forward and the same one here)");

@@ -14,13 +14,81 @@ static void describe(const tcase *c, char *buf, size_t n)
         buf, n,
         "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s "
         "layouts=%d%d%d "
-        "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld ramp=%d",
+        "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld ramp=%d "
+        "mask=%d/%d alibi=%d sinks=%d",
         c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
         (long long)c->batch, (long long)c->sq, (long long)c->sk, (long long)c->heads,
         (long long)c->kv, (long long)c->d, (long long)c->dv, fmha_dtype_name(c->dt),
         fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal, (long long)c->wl,
         (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse, (int)c->dl,
-        (long long)c->dblock, c->ramp);
+        (long long)c->dblock, c->ramp, c->mask, c->mask_bcast, c->alibi, c->sinks);
+}
+
+/* A case's score modifiers (tcase.mask, alibi, sinks): their buffers. */
+typedef struct case_mods {
+    void *mask;
+    float *slopes, *sinks;
+} case_mods;
+
+/* Draws the case's modifiers into *m's buffers and sets them in the
+ * arguments' fields: a mask over [batch, heads, sq, sk] (padded rows of
+ * sk + 3, strides 0 where broadcast; every sequence of a packed case fits
+ * it), whose boolean form keeps 3 keys in 4 and whose additive form is
+ * N(0, 1.5) with 1 in 20 -inf; slopes in [-0.1, 0.5); sinks N(0, 2), the
+ * last head's -inf one time in three. */
+static void mods_draw(const tcase *c, tu_rng *rng, case_mods *m, fmha_attn_mask *mask,
+                      const float **slopes, int64_t *slope_stride, const float **sinks)
+{
+    memset(m, 0, sizeof *m);
+    if (c->mask) {
+        const int64_t sk_stride = c->sk + 3, q_stride = c->mask_bcast & 4 ? 0 : sk_stride;
+        const int64_t h_stride = c->mask_bcast & 2 ? 0 : c->sq * sk_stride;
+        const int64_t b_stride = c->mask_bcast & 1 ? 0 : c->heads * c->sq * sk_stride;
+        const int64_t n = c->batch * c->heads * c->sq * sk_stride;
+        mask->type = (fmha_mask_type)(c->mask - 1);
+        const size_t es = mask->type == FMHA_MASK_BOOL      ? 1
+                          : mask->type == FMHA_MASK_ADD_F32 ? 4
+                                                            : 2;
+        m->mask = malloc(es * (size_t)n);
+        for (int64_t e = 0; e < n; e++) {
+            const int hide = tu_range(rng, mask->type == FMHA_MASK_BOOL ? 4 : 20) == 0;
+            const float x = hide ? -INFINITY : (float)(1.5 * tu_normal(rng));
+            switch (mask->type) {
+            case FMHA_MASK_BOOL: ((unsigned char *)m->mask)[e] = (unsigned char)!hide; break;
+            case FMHA_MASK_ADD_F32: ((float *)m->mask)[e] = x; break;
+            case FMHA_MASK_ADD_F16: ((uint16_t *)m->mask)[e] = fmha_f32_to_f16(x); break;
+            case FMHA_MASK_ADD_BF16: ((uint16_t *)m->mask)[e] = fmha_f32_to_bf16(x); break;
+            }
+        }
+        mask->data = m->mask;
+        mask->stride_batch = b_stride;
+        mask->stride_head = h_stride;
+        mask->stride_q = q_stride;
+        mask->stride_k = 1;
+    }
+    if (c->alibi) {
+        *slope_stride = c->alibi == 2 ? c->heads + 1 : 0;
+        const int64_t n = c->alibi == 2 ? c->batch * (c->heads + 1) : c->heads;
+        m->slopes = malloc(sizeof(float) * (size_t)n);
+        for (int64_t e = 0; e < n; e++)
+            m->slopes[e] = (float)(0.6 * tu_uniform(rng) - 0.1);
+        *slopes = m->slopes;
+    }
+    if (c->sinks) {
+        m->sinks = malloc(sizeof(float) * (size_t)c->heads);
+        for (int64_t h = 0; h < c->heads; h++)
+            m->sinks[h] = (float)(2.0 * tu_normal(rng));
+        if (tu_range(rng, 3) == 0)
+            m->sinks[c->heads - 1] = -INFINITY;
+        *sinks = m->sinks;
+    }
+}
+
+static void mods_free(case_mods *m)
+{
+    free(m->mask);
+    free(m->slopes);
+    free(m->sinks);
 }
 
 /* The largest finite |LSE| of the reference: about its largest score. */
@@ -235,6 +303,8 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
         a.descale_layout = c->dl;
         a.descale_block_rows = c->dblock;
     }
+    case_mods mods;
+    mods_draw(c, rng, &mods, &a.mask, &a.alibi_slopes, &a.alibi_stride_batch, &a.sinks);
 
     int ok = 1;
     double tol = 0;
@@ -318,6 +388,7 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
     }
     if (f8)
         fp8_free(&f8in);
+    mods_free(&mods);
 
     tu_tensor_free(&q);
     tu_tensor_free(&k);
@@ -406,6 +477,12 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
         c.lq = c.lq == 2 ? 0 : c.lq;
         c.lkv = c.lkv == 2 ? 0 : c.lkv;
         c.dl = (fmha_descale_layout)tu_range(r, 2);
+    }
+    if (c.device == FMHA_DEVICE_CPU && tu_range(r, 4) == 0) { /* score modifiers */
+        c.mask = (int)tu_range(r, 5);
+        c.mask_bcast = (int)tu_range(r, 8);
+        c.alibi = (int)tu_range(r, 3);
+        c.sinks = c.mask == 0 && c.alibi == 0 ? 1 : (int)tu_range(r, 2);
     }
     return c;
 }
@@ -559,6 +636,36 @@ static void bwd_describe(const tcase *c, fmha_dtype gdt, int want, char *buf, si
              (long long)c->wr, c->softcap, c->dropout, c->scale, c->varlen, c->threads, want);
 }
 
+/* dsinks against the reference's, within a relative 2^-7 (16-bit out; f32
+ * out 1e-5) of the sum of the terms' sizes, sum |e^(sink - lse) (dout . out)|,
+ * plus 1e-5. */
+static void check_dsinks(const tcase *c, const char *desc, const fmha_backward_args *a,
+                         const tu_tensor *out, const tu_tensor *dout, const float *dsinks,
+                         const float *ref)
+{
+    for (int64_t h = 0; h < c->heads; h++) {
+        double size = 0;
+        const int64_t nseq = a->cu_seqlens_q ? c->batch : a->q.batch;
+        for (int64_t b = 0; b < nseq && a->sinks[h] != -INFINITY; b++) {
+            const int64_t q0 = a->cu_seqlens_q ? a->cu_seqlens_q[b] : 0;
+            const int64_t sq = a->cu_seqlens_q ? a->cu_seqlens_q[b + 1] - q0 : a->q.seqlen;
+            const int64_t tb = a->cu_seqlens_q ? 0 : b;
+            for (int64_t i = 0; i < sq; i++) {
+                const int64_t at =
+                    a->cu_seqlens_q ? h * a->q.seqlen + q0 + i : (b * c->heads + h) * sq + i;
+                double dot = 0;
+                for (int64_t e = 0; e < c->dv; e++)
+                    dot += fabs(tu_get(out, tb, q0 + i, h, e) * tu_get(dout, tb, q0 + i, h, e));
+                size += exp((double)a->sinks[h] - a->lse[at]) * dot;
+            }
+        }
+        const double rel = c->odt == FMHA_DTYPE_F32 ? 1e-5 : 0x1p-7;
+        const double err = fabs((double)dsinks[h] - ref[h]), tol = rel * size + 1e-5;
+        TU_CHECK(err <= tol, "%s: dsinks[%lld] = %g, reference %g (error %.3g > tol %.3g)", desc,
+                 (long long)h, (double)dsinks[h], (double)ref[h], err, tol);
+    }
+}
+
 double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int operands16,
                           tbwd_runner run, tu_rng *rng)
 {
@@ -600,6 +707,11 @@ double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int 
     fa.varlen_batch = c->varlen ? c->batch : 0;
     fa.seed = tu_next(rng);
     fa.offset = tu_next(rng);
+    case_mods mods;
+    mods_draw(c, rng, &mods, &fa.mask, &fa.alibi_slopes, &fa.alibi_stride_batch, &fa.sinks);
+    float *dsinks = malloc(sizeof(float) * (size_t)c->heads);
+    float *dsinks_ref = malloc(sizeof(float) * (size_t)c->heads);
+    memset(dsinks, 0xFF, sizeof(float) * (size_t)c->heads);
     fmha_config fcfg = cfg; /* out and lse from the CPU forward (the case's ISA) */
     fcfg.device = FMHA_DEVICE_CPU;
     fmha_status st = fmha_forward(&fcfg, &fa);
@@ -612,6 +724,11 @@ double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int 
     ba.varlen_batch = fa.varlen_batch;
     ba.seed = fa.seed;
     ba.offset = fa.offset;
+    ba.mask = fa.mask;
+    ba.alibi_slopes = fa.alibi_slopes;
+    ba.alibi_stride_batch = fa.alibi_stride_batch;
+    ba.sinks = fa.sinks;
+    ba.dsinks = fa.sinks ? dsinks : NULL;
     fmha_tensor *gt[3] = {&ba.dq, &ba.dk, &ba.dv};
     for (int i = 0; i < 3; i++)
         *gt[i] = want >> i & 1 ? g[i].t : (fmha_tensor){0};
@@ -624,6 +741,8 @@ double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int 
         *rt[i] = ref[i].t;
         *nt[i] = naive[i].t;
     }
+    rb.dsinks = fa.sinks ? dsinks_ref : NULL;
+    nb.dsinks = NULL;
     fmha_config cref = cfg;
     cref.num_threads = 0;
     cref.device = FMHA_DEVICE_CPU;
@@ -652,6 +771,11 @@ double tcase_backward_run(const tcase *c, fmha_dtype gdt, int lg, int want, int 
                  names[i], e, tol, en, bad || nbad ? " non-finite" : "");
         TU_CHECK(tu_gaps_untouched(&g[i], 0xFF), "%s: wrote outside the %s view", desc, names[i]);
     }
+    if (fa.sinks && st == FMHA_STATUS_OK)
+        check_dsinks(c, desc, &ba, &out, &dout, dsinks, dsinks_ref);
+    mods_free(&mods);
+    free(dsinks);
+    free(dsinks_ref);
     for (int i = 0; i < 3; i++) {
         tu_tensor_free(&g[i]);
         tu_tensor_free(&ref[i]);

@@ -127,6 +127,7 @@ typedef struct dcase {
     fmha_kv_descale_layout kvl;
     int bound; /* pass max_seqlen_k (on CUDA: the arrays checked there) */
     int64_t max_keys;
+    int alibi, sinks; /* CPU: ALiBi slopes (1 per head, 2 per sequence and head), sinks */
 } dcase;
 
 /* The inputs of one case, the caches twice (reference, fast path). */
@@ -134,7 +135,8 @@ typedef struct dinputs {
     tu_tensor q, knew, vnew, kc[2], vc[2], out[2];
     int32_t *cache_seqlens, *batch_idx, *table;
     float *cos, *sin, *lse[2];
-    float *kd, *vd; /* FP8 caches' descales */
+    float *kd, *vd;        /* FP8 caches' descales */
+    float *slopes, *sinks; /* dcase.alibi, dcase.sinks */
 } dinputs;
 
 static int64_t pick(tu_rng *r, const int64_t *v, int n)
@@ -188,7 +190,28 @@ static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
     c.f8 = tu_range(r, 3) == 0;
     c.kvl = (fmha_kv_descale_layout)tu_range(r, 3);
     c.bound = tu_range(r, 3) == 0;
+#ifndef FMHA_TEST_CUDA
+    if (tu_range(r, 4) == 0) {
+        c.alibi = (int)tu_range(r, 3);
+        c.sinks = c.alibi == 0 ? 1 : (int)tu_range(r, 2);
+    }
+#endif
     return c;
+}
+
+/* The case's ALiBi slopes (in [-0.1, 0.5); per sequence: heads + 1 apart)
+ * and sinks (N(0, 2), the last head's -inf one time in three). */
+static void draw_mods(const dcase *c, dinputs *in, tu_rng *r)
+{
+    const int64_t n = c->alibi == 2 ? c->batch * (c->heads + 1) : c->heads;
+    in->slopes = c->alibi ? malloc(sizeof(float) * (size_t)n) : NULL;
+    for (int64_t e = 0; c->alibi && e < n; e++)
+        in->slopes[e] = (float)(0.6 * tu_uniform(r) - 0.1);
+    in->sinks = c->sinks ? malloc(sizeof(float) * (size_t)c->heads) : NULL;
+    for (int64_t h = 0; c->sinks && h < c->heads; h++)
+        in->sinks[h] = (float)(2.0 * tu_normal(r));
+    if (c->sinks && tu_range(r, 3) == 0)
+        in->sinks[c->heads - 1] = -INFINITY;
 }
 
 /* The descale of cache row (or page) `row`, KV head h, in an array laid out
@@ -334,6 +357,8 @@ static void free_inputs(dinputs *in)
     free(in->lse[1]);
     free(in->kd);
     free(in->vd);
+    free(in->slopes);
+    free(in->sinks);
 }
 
 /* The arguments of copy k (0: the reference's, 1: the fast path's). */
@@ -357,7 +382,10 @@ static fmha_kvcache_args args_of(const dcase *c, dinputs *in, int k)
                            .k_descale = in->kd,
                            .v_descale = in->vd,
                            .kv_descale_layout = c->kvl,
-                           .max_seqlen_k = c->bound ? c->max_keys : 0};
+                           .max_seqlen_k = c->bound ? c->max_keys : 0,
+                           .alibi_slopes = in->slopes,
+                           .alibi_stride_batch = c->alibi == 2 ? c->heads + 1 : 0,
+                           .sinks = in->sinks};
     if (c->snew > 0) {
         a.k_new = in->knew.t;
         a.v_new = in->vnew.t;
@@ -440,7 +468,10 @@ static double naive_error(const dcase *c, const dinputs *in, double *lse_err)
                            .lse = lse,
                            .cu_seqlens_q = cuq,
                            .cu_seqlens_k = cuk,
-                           .varlen_batch = c->batch};
+                           .varlen_batch = c->batch,
+                           .alibi_slopes = in->slopes,
+                           .alibi_stride_batch = c->alibi == 2 ? c->heads + 1 : 0,
+                           .sinks = in->sinks};
     tu_naive_forward(&c->cfg, &a);
     double err = 0;
     if (c->rotary_dim == 0 && !c->f8) {
@@ -551,6 +582,10 @@ static void describe(const dcase *c, char *buf, size_t n)
         size_t l = strlen(buf);
         snprintf(buf + l, n - l, " max_seqlen_k %lld", (long long)c->max_keys);
     }
+    if (c->alibi || c->sinks) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, n - l, " alibi%d sinks%d", c->alibi, c->sinks);
+    }
     if (c->f8) {
         static const char *const layouts[3] = {"tensor", "head", "page"};
         size_t l = strlen(buf);
@@ -563,6 +598,7 @@ static void run_case(tu_rng *r, fmha_cpu_isa isa)
     dcase c = random_case(r, isa);
     dinputs in;
     make_inputs(&c, &in, r);
+    draw_mods(&c, &in, r);
     char desc[256];
     describe(&c, desc, sizeof desc);
     fmha_kvcache_args ar = args_of(&c, &in, 0), af = args_of(&c, &in, 1);

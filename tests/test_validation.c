@@ -1362,6 +1362,93 @@ static void test_cuda_switches(void)
     }
 }
 
+/* The score modifiers' checks (fmha_forward_args: mask, ALiBi, sinks), and
+ * the backward's dsinks without sinks. */
+static void test_score_mods(void)
+{
+    static unsigned char keep[B * H * SQ * SK];
+    float slopes[B * H + H], sinks[H] = {0.5f, -INFINITY, 1.0f, 0.0f};
+    for (int i = 0; i < B * H + H; i++)
+        slopes[i] = 0.25f;
+    fixture f;
+    struct {
+        const char *what, *phrase;
+        int field; /* 0 mask type, 1 mask stride, 2 alibi stride, 3 slope, 4 sink NaN, 5 sink +inf */
+    } cases[] = {
+        {"mask.type 9", "mask.type (9) is not a fmha_mask_type value", 0},
+        {"mask.stride_q -1", "mask strides (0, 0, -1, 1) must be >= 0", 1},
+        {"alibi_stride_batch -4", "alibi_stride_batch (-4) must be >= 0", 2},
+        {"alibi slope inf", "alibi_slopes[6] (inf) must be finite", 3},
+        {"sink NaN", "sinks[2] (nan) must be finite or -inf", 4},
+        {"sink +inf", "sinks[3] (inf) must be finite or -inf", 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fx_init(&f);
+        switch (cases[i].field) {
+        case 0: f.a.mask = (fmha_attn_mask){keep, (fmha_mask_type)9, 0, 0, SK, 1}; break;
+        case 1: f.a.mask = (fmha_attn_mask){keep, FMHA_MASK_BOOL, 0, 0, -1, 1}; break;
+        case 2:
+            f.a.alibi_slopes = slopes;
+            f.a.alibi_stride_batch = -4;
+            break;
+        case 3:
+            slopes[6] = INFINITY; /* the second sequence's third head, stride H + 1 */
+            f.a.alibi_slopes = slopes;
+            f.a.alibi_stride_batch = H + 1;
+            break;
+        case 4:
+            sinks[2] = NAN;
+            f.a.sinks = sinks;
+            break;
+        case 5:
+            sinks[2] = 1.0f;
+            sinks[3] = INFINITY;
+            f.a.sinks = sinks;
+            break;
+        }
+        expect(cases[i].what, &f, INVALID, cases[i].phrase, AT_FORWARD, REF_CHECK);
+        slopes[6] = 0.25f;
+    }
+    sinks[3] = 0.0f;
+
+    /* K smoothing moves each row's scores: no sinks beside it */
+    fx_init(&f);
+    f.a.sinks = sinks;
+    f.cfg.fp8_compute = FMHA_FP8_COMPUTE_PER_TENSOR;
+    f.cfg.fp8_smooth_k = 1;
+    expect("sinks with fp8_smooth_k", &f, UNSUPPORTED, "sinks with K smoothing", AT_FORWARD,
+           REF_SKIP);
+
+    /* dsinks needs sinks; with them the backward writes it */
+    fx_init(&f);
+    float dout[B * SQ * H * DV], dq[B * SQ * H * D], dsinks[H];
+    for (size_t i = 0; i < sizeof dout / sizeof dout[0]; i++)
+        dout[i] = 0.5f;
+    f.a.sinks = sinks;
+    TU_CHECK(fmha_forward(&f.cfg, &f.a) == FMHA_STATUS_OK, "forward with sinks: %s",
+             fmha_last_error());
+    fmha_backward_args b = {.q = f.a.q,
+                            .k = f.a.k,
+                            .v = f.a.v,
+                            .out = f.a.out,
+                            .dout = fmha_tensor_bshd(dout, FMHA_DTYPE_F32, B, SQ, H, DV),
+                            .lse = f.lse,
+                            .dq = fmha_tensor_bshd(dq, FMHA_DTYPE_F32, B, SQ, H, D),
+                            .dsinks = dsinks};
+    memset(dsinks, POISON, sizeof dsinks);
+    check_result("dsinks without sinks", "fmha_backward", fmha_backward(&f.cfg, &b), INVALID,
+                 "dsinks is given without sinks");
+    check_result("dsinks without sinks", "fmha_reference_backward",
+                 fmha_reference_backward(&f.cfg, &b), INVALID, "dsinks is given without sinks");
+    TU_CHECK(((unsigned char *)dsinks)[0] == POISON, "dsinks written on error");
+    b.sinks = sinks;
+    TU_CHECK(fmha_backward(&f.cfg, &b) == FMHA_STATUS_OK, "backward with sinks: %s",
+             fmha_last_error());
+    TU_CHECK(dsinks[1] == 0.0f && isfinite(dsinks[0]) && dsinks[0] != 0.0f,
+             "dsinks: %g for a sink of 0.5, %g for -inf (want nonzero, 0)", (double)dsinks[0],
+             (double)dsinks[1]);
+}
+
 int main(void)
 {
     unsetenv("FMHA_CPU_ISA");
@@ -1378,6 +1465,7 @@ int main(void)
     test_varlen();
     test_fp8_args();
     test_fp8_accum();
+    test_score_mods();
     test_cuda_switches();
     test_isa();
     test_success();

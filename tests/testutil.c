@@ -160,6 +160,29 @@ double tu_rel_l2(const tu_tensor *x, const tu_tensor *ref)
     return sqrt(d2 / (r2 > 0 ? r2 : 1));
 }
 
+float tu_score_bias(const fmha_forward_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
+                    int64_t sq, int64_t sk)
+{
+    const fmha_attn_mask *m = &a->mask;
+    float x = 0.0f;
+    if (m->data) {
+        const int64_t e =
+            b * m->stride_batch + h * m->stride_head + i * m->stride_q + j * m->stride_k;
+        switch (m->type) {
+        case FMHA_MASK_BOOL:
+            if (!((const unsigned char *)m->data)[e])
+                return -INFINITY;
+            break;
+        case FMHA_MASK_ADD_F32: x = ((const float *)m->data)[e]; break;
+        case FMHA_MASK_ADD_F16: x = fmha_f16_to_f32(((const uint16_t *)m->data)[e]); break;
+        case FMHA_MASK_ADD_BF16: x = fmha_bf16_to_f32(((const uint16_t *)m->data)[e]); break;
+        }
+    }
+    if (a->alibi_slopes)
+        x -= a->alibi_slopes[b * a->alibi_stride_batch + h] * fabsf((float)(i + sk - sq - j));
+    return x;
+}
+
 int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
 {
     fmha_problem pb;
@@ -201,14 +224,17 @@ int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a)
                     s *= scale;
                     if (cfg->softcap > 0)
                         s = (float)cfg->softcap * tanhf(s / (float)cfg->softcap);
+                    s += tu_score_bias(a, b, h, i, j, sq, sk);
                     sc[j - lo] = s;
                     m = fmaxf(m, s);
                 }
-                float l = 0;
+                const float sink = a->sinks ? a->sinks[h] : -INFINITY;
+                m = fmaxf(m, sink);
+                float l = sink > -INFINITY ? expf(sink - m) : 0.0f;
                 for (int64_t c = 0; c < pb.dv; c++)
                     acc[c] = 0;
                 for (int64_t j = lo; j < hi; j++) {
-                    float p = expf(sc[j - lo] - m);
+                    float p = m == -INFINITY && !isnan(sc[j - lo]) ? 0.0f : expf(sc[j - lo] - m);
                     l += p;
                     if (pb.drop_threshold) {
                         fmha_u32x4 w =
@@ -320,7 +346,8 @@ void tu_naive_backward(const fmha_config *cfg, const fmha_backward_args *a, int 
                                 fmha_load_f32(qr, a->q.dtype, c) * fmha_load_f32(kr, a->k.dtype, c);
                         x *= scale;
                         const float sc = cap > 0 ? cap * tanhf(x / cap) : x;
-                        const float p = lse == -INFINITY ? 0.0f : expf(sc - lse);
+                        const float z = sc + tu_score_bias(&fwd, b, h, i, j, sq, sk);
+                        const float p = lse == -INFINITY ? 0.0f : expf(z - lse);
                         for (int64_t c = 0; c < dv; c++)
                             dp += go[c] * fmha_load_f32(vr, a->v.dtype, c);
                         float f = 1;

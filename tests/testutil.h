@@ -49,6 +49,11 @@ int tu_gaps_untouched(const tu_tensor *x, unsigned char poison);
  * kernels do): its error against the reference is the yardstick for a fast
  * path's error. */
 int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a);
+/* The score modifiers' bias (fmha_forward_args: mask, ALiBi) at query i,
+ * key j of sequence b, head h, in f32: -inf where a boolean mask hides it.
+ * The naive forward and backward add it (and count the sinks). */
+float tu_score_bias(const fmha_forward_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
+                    int64_t sq, int64_t sk);
 /* The backward in f32 arithmetic from the out and lse given, one row at a
  * time with plain running sums: the yardstick of a backward kernel's error.
  * operands16: with 16-bit inputs, dO, P and dS are rounded to the inputs'

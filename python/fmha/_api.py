@@ -219,10 +219,103 @@ def _descales(given, qv, batch, num_kv_heads):
     return objs, ptrs, kinds[0][2]
 
 
+# fmha_mask_type
+MASK_BOOL, MASK_ADD_F32, MASK_ADD_F16, MASK_ADD_BF16 = 0, 1, 2, 3
+_MASK_TYPES = {"bool": MASK_BOOL, "float32": MASK_ADD_F32, "float16": MASK_ADD_F16,
+               "bfloat16": MASK_ADD_BF16}
+
+
+def _mask_arg(mask, qv, shape):
+    """attn_mask (torch SDPA's: boolean, True = attend, or additive float,
+    broadcastable to shape = [B, H, Sq, Sk]) as (object, _lib.AttnMask): made
+    4-d, contiguous in q's memory (bool, float32, float16 or bfloat16; other
+    dtypes as float32), size-1 dims broadcast by stride 0."""
+    if T.is_torch(mask):
+        torch = T._torch()
+        t = mask.detach()
+        if t.dtype not in (torch.bool, torch.float32, torch.float16, torch.bfloat16):
+            t = t.float()
+        dev = qv.obj.device if qv.family == "torch" else torch.device("cpu")
+        t = t.to(device=dev).contiguous()
+        kind = str(t.dtype).replace("torch.", "")
+        dims, strides = tuple(t.shape), tuple(t.stride())
+        obj, ptr = t, t.data_ptr()
+    else:
+        a = np.asarray(mask)
+        if a.dtype.name not in _MASK_TYPES:
+            a = a.astype(np.float32)
+        a = np.ascontiguousarray(a)
+        if qv.device != "cpu":  # into q's device memory
+            return _mask_arg(T._torch().from_numpy(a), qv, shape)
+        kind = a.dtype.name
+        dims, strides = a.shape, tuple(s // a.dtype.itemsize for s in a.strides)
+        obj, ptr = a, a.ctypes.data
+    if len(dims) > 4 or len(dims) < 2:
+        raise ValueError("attn_mask must be 2-d to 4-d, broadcastable to [batch, heads, seqlen_q, "
+                         "seqlen_k] = %s; got shape %s" % (list(shape), list(dims)))
+    pad = 4 - len(dims)
+    dims, strides = (1,) * pad + tuple(dims), (0,) * pad + tuple(strides)
+    for n, want, what in zip(dims, shape, ("batch", "heads", "seqlen_q", "seqlen_k")):
+        if n != want and n != 1:
+            raise ValueError("attn_mask has shape %s, not broadcastable to [batch, heads, "
+                             "seqlen_q, seqlen_k] = %s (its %s dim is %d, want %d or 1)"
+                             % (list(dims[pad:]), list(shape), what, n, want))
+    m = _lib.AttnMask()
+    m.data, m.type = ptr, _MASK_TYPES[kind]
+    (m.stride_batch, m.stride_head, m.stride_q,
+     m.stride_k) = (0 if n == 1 else s for n, s in zip(dims, strides))
+    return obj, m
+
+
+class _Mods:
+    """The score modifiers of one call (fmha_forward_args: attn_mask, ALiBi
+    slopes, sinks) in q's memory; `keep` holds the converted arrays through
+    the call. batch is the number of sequences."""
+
+    def __init__(self, attn_mask, alibi_slopes, sinks):
+        self.given = (attn_mask, alibi_slopes, sinks)
+
+    def __bool__(self):
+        return any(x is not None for x in self.given)
+
+    def fields(self, qv, batch, heads, seqlen_q, seqlen_k):
+        attn_mask, alibi_slopes, sinks = self.given
+        self.keep, self.mask, self.slopes, self.stride, self.sinks = [], None, None, 0, None
+        if attn_mask is not None:
+            if seqlen_q is None:
+                raise ValueError("attn_mask is taken by padded calls; a packed batch passes none")
+            obj, self.mask = _mask_arg(attn_mask, qv, (batch, heads, seqlen_q, seqlen_k))
+            self.keep.append(obj)
+        if alibi_slopes is not None:
+            obj, self.slopes, shape = _f32_table(alibi_slopes, "alibi_slopes", qv)
+            if tuple(shape) == (batch, heads) and batch > 1:
+                self.stride = heads
+            elif tuple(shape) not in ((heads,), (1, heads)):
+                raise ValueError("alibi_slopes has shape %s: give [num_heads] = [%d] or "
+                                 "[batch, num_heads] = [%d, %d] (float32)"
+                                 % (list(shape), heads, batch, heads))
+            self.keep.append(obj)
+        if sinks is not None:
+            obj, self.sinks, shape = _f32_table(sinks, "sinks", qv)
+            if tuple(shape) != (heads,):
+                raise ValueError("sinks has shape %s: give one logit per query head, [%d]"
+                                 % (list(shape), heads))
+            self.keep.append(obj)
+        return self
+
+    def apply(self, a):
+        if self.mask is not None:
+            a.mask = self.mask
+        a.alibi_slopes, a.alibi_stride_batch, a.sinks = self.slopes, self.stride, self.sinks
+
+
+_NO_MODS = _Mods(None, None, None)
+
+
 # ------------------------------------------------------------------ the forward
 
 
-def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None, descales=None):
+def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None, descales=None, mods=None):
     """Fills ForwardArgs from views and runs one forward, on `layer` (an
     _lib.Layer) or one-shot through fmha_forward(cfg)."""
     a = _lib.ForwardArgs()
@@ -233,6 +326,8 @@ def _run(cfg, layer, q, k, v, out, lse, seed, varlen=None, descales=None):
          a.max_seqlen_k) = varlen
     if descales is not None:
         _, (a.descale_q, a.descale_k, a.descale_v), a.descale_layout = descales
+    if mods:
+        mods.apply(a)
     a.seed = seed
     a.offset = 0
     with _cuda_context(q) as stream:
@@ -339,10 +434,14 @@ def _ops_for(q, out, descales):
     return ops
 
 
-def _refuse_grad(out, descales, *arrays):
+def _refuse_grad(out, descales, *arrays, mods=_NO_MODS):
     """A call that autograd would record but that cannot run as a torch op."""
-    if not T.needs_grad(*arrays):
+    if not T.needs_grad(*arrays, *mods.given):
         return
+    if mods:
+        raise NotImplementedError("attn_mask, alibi_slopes and sinks run without autograd for "
+                                  "now (libfmha's CPU backward takes them: "
+                                  "fmha_backward_args); call fmha under torch.no_grad()")
     if out is not None:
         raise ValueError("out= cannot be written in place by a call that autograd records "
                          "(inputs that require grad): leave out=None")
@@ -363,17 +462,19 @@ def _layer_key(layer_for):
     return 0 if layer_for is None else layer_for.__self__._op_key
 
 
-def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
+def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3,
+            mods=_NO_MODS):
     return_lse = T.flag(return_lse, "return_lse")
-    ops = _ops_for(q, out, descales)
+    ops = None if mods else _ops_for(q, out, descales)
     if ops is not None:
         out, lse = ops.padded(q, k, v, opts, seed, _layer_key(layer_for))
         return (out, lse) if return_lse else out
-    _refuse_grad(out, descales, q, k, v)
-    return _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for, descales)
+    _refuse_grad(out, descales, q, k, v, mods=mods)
+    return _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for, descales, mods)
 
 
-def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3):
+def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3,
+                   mods=_NO_MODS):
     """attention() on q's own memory through ctypes (the body of fmha::fwd)."""
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
     T.same_device(qv, kv, vv)
@@ -392,27 +493,29 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
                              % (list(qv.shape), list(kv.shape), list(vv.shape)))
         _answer_empty(cfg, qv, ov, lse, layer_for)
     else:
+        if mods:
+            mods = mods.fields(qv, B, H, Sq, Sk)
         layer = (layer_for or _oneshot_layer)(cfg, qv)
-        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed, descales=descales)
-    del descales  # the descale arrays (maybe converted copies) lived through the call
+        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed, descales=descales, mods=mods)
+    del descales, mods  # the arrays (maybe converted copies) lived through the call
     return (out, lse) if return_lse else out
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
-            return_lse, seed, layer_for=None, descales=(None,) * 3):
+            return_lse, seed, layer_for=None, descales=(None,) * 3, mods=_NO_MODS):
     return_lse = T.flag(return_lse, "return_lse")
-    ops = _ops_for(q, out, descales)
+    ops = None if mods else _ops_for(q, out, descales)
     if ops is not None:
         out, lse = ops.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               opts, seed, _layer_key(layer_for))
         return (out, lse) if return_lse else out
-    _refuse_grad(out, descales, q, k, v)
+    _refuse_grad(out, descales, q, k, v, mods=mods)
     return _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts,
-                          out, return_lse, seed, layer_for, descales)
+                          out, return_lse, seed, layer_for, descales, mods)
 
 
 def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
-                   return_lse, seed, layer_for=None, descales=(None,) * 3):
+                   return_lse, seed, layer_for=None, descales=(None,) * 3, mods=_NO_MODS):
     """varlen_attention() through ctypes (the body of fmha::varlen_fwd)."""
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     T.same_device(qv, kv, vv)
@@ -436,11 +539,13 @@ def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if Tq == 0 or Tk == 0:
         _answer_empty(cfg, qv, ov, lse, layer_for)
     else:
+        if mods:
+            mods = mods.fields(qv, nq - 1, H, None, None)
         layer = (layer_for or _oneshot_layer)(cfg, qv)
         _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed,
-             varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), descales=descales)
-    # the index and descale arrays (maybe converted copies) lived through the call
-    del cuq, cuk, descales
+             varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), descales=descales, mods=mods)
+    # the index, descale and modifier arrays (maybe converted copies) lived through the call
+    del cuq, cuk, descales, mods
     return (out, lse) if return_lse else out
 
 
@@ -583,7 +688,7 @@ def varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
 @T.returns_like()
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
-              k_descale=None, v_descale=None):
+              k_descale=None, v_descale=None, attn_mask=None, alibi_slopes=None, sinks=None):
     """out = softmax(softmax_scale * q k^T + mask) v for a padded batch.
 
     q [B, Sq, H, D]; k [B, Sk, Hkv, D]; v [B, Sk, Hkv, Dv]; H a multiple of
@@ -613,17 +718,26 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     see no key). Every function here returns arrays of q's family: a
     foreign array with __dlpack__ and __array_namespace__ (CuPy, JAX) gets
     its own type back (that namespace's from_dlpack, sharing memory).
+
+    Score modifiers (CPU; a CUDA call with one raises): attn_mask as torch
+    SDPA's, broadcastable to [B, H, Sq, Sk] — boolean (True = attend) or
+    float added to the scaled scores (after softcap); alibi_slopes [H] or
+    [B, H] float32, adding -slope * |i + Sk - Sq - j| (flash-attn's ALiBi);
+    sinks [H] float32, one logit per head in every row's softmax for a key
+    of value 0 (lse counts it). A row whose every key is hidden gets out 0
+    and lse -inf (SDPA gives NaN). These calls run without autograd.
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _padded(q, k, v, opts, out, return_lse, seed,
-                   descales=(q_descale, k_descale, v_descale))
+                   descales=(q_descale, k_descale, v_descale),
+                   mods=_Mods(attn_mask, alibi_slopes, sinks))
 
 
 @T.returns_like()
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
                      dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
-                     k_descale=None, v_descale=None):
+                     k_descale=None, v_descale=None, alibi_slopes=None, sinks=None):
     """attention() for a packed batch of variable-length sequences.
 
     q [total_q, H, D]; k [total_k, Hkv, D]; v [total_k, Hkv, Dv]; sequence b
@@ -632,12 +746,14 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     sequences allowed). max_seqlen_q/k bound the lengths (0 or None: fmha
     computes them). Masks apply per sequence. FP8 inputs and descales as in
     attention(), per-KV-head descales [batch, Hkv] with batch the number of
-    sequences. Returns out [total_q, H, Dv] or (out, lse) with lse
-    [H, total_q] float32.
+    sequences. alibi_slopes ([H] or [batch, H]) and sinks ([H]) as in
+    attention(), per sequence. Returns out [total_q, H, Dv] or (out, lse)
+    with lse [H, total_q] float32.
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
-                   return_lse, seed, descales=(q_descale, k_descale, v_descale))
+                   return_lse, seed, descales=(q_descale, k_descale, v_descale),
+                   mods=_Mods(None, alibi_slopes, sinks))
 
 
 # ------------------------------------------------------------------ the layer
@@ -708,7 +824,7 @@ def _cache_descales(k_descale, v_descale, kcv, qv, keep):
 
 def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             block_table, opts, rotary_interleaved, num_splits, out, return_lse, layer_for=None,
-            k_descale=None, v_descale=None, max_seqlen_k=None):
+            k_descale=None, v_descale=None, max_seqlen_k=None, alibi_slopes=None, sinks=None):
     return_lse = T.flag(return_lse, "return_lse")
     if T.needs_grad(q, k_cache, v_cache, k, v):
         raise NotImplementedError("decode has no backward: call it under torch.no_grad() or "
@@ -765,6 +881,11 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     a.k_descale, a.v_descale, a.kv_descale_layout = _cache_descales(k_descale, v_descale, kcv,
                                                                     qv, keep)
     a.max_seqlen_k = 0 if max_seqlen_k is None else T.int64(max_seqlen_k, "max_seqlen_k")
+    mods = _Mods(None, alibi_slopes, sinks)
+    if mods:
+        mods.fields(qv, B, H, None, None)
+        a.alibi_slopes, a.alibi_stride_batch, a.sinks = mods.slopes, mods.stride, mods.sinks
+        keep += mods.keep
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     with _cuda_context(qv) as stream:
         a.stream = stream
@@ -778,7 +899,8 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
                       cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                       rotary_interleaved=True, causal=False, softmax_scale=None,
                       window=(-1, -1), softcap=0.0, num_splits=0, return_lse=False, out=None,
-                      k_descale=None, v_descale=None, max_seqlen_k=None):
+                      k_descale=None, v_descale=None, max_seqlen_k=None, alibi_slopes=None,
+                      sinks=None):
     """Decode: new queries q [B, Sq, H, D] against KV caches, as
     flash_attn_with_kvcache (fmha_decode in C).
 
@@ -806,12 +928,15 @@ def kvcache_attention(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None
     those arrays, and a sequence whose entries are wrong comes out NaN
     (fmha.h says which). On the CPU a sequence past it is refused.
 
+    alibi_slopes ([H] or [B, H] float32) and sinks ([H]) as in attention()
+    (CPU), each key at its distance from the query's place in the cache.
+
     Returns out [B, Sq, H, Dv], or (out, lse [B, H, Sq] float32)."""
     opts = _Options(causal, softmax_scale, window, softcap, 0.0)
     return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                    cache_batch_idx, block_table, opts, rotary_interleaved, num_splits, out,
                    return_lse, k_descale=k_descale, v_descale=v_descale,
-                   max_seqlen_k=max_seqlen_k)
+                   max_seqlen_k=max_seqlen_k, alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 class Attention:
@@ -918,37 +1043,41 @@ class Attention:
 
     @T.returns_like(1)
     def forward(self, q, k, v, *, out=None, return_lse=False, seed=None, q_descale=None,
-                k_descale=None, v_descale=None):
+                k_descale=None, v_descale=None, attn_mask=None, alibi_slopes=None, sinks=None):
         """q [B, Sq, num_heads, head_size], k/v [B, Sk, num_kv_heads, head_size]
         -> out [B, Sq, num_heads, head_size] (or (out, lse [B, H, Sq])).
-        FP8 q, k, v take descales as attention() does."""
+        FP8 q, k, v take descales, and attn_mask, alibi_slopes and sinks
+        modify the scores, as attention() does."""
         return _padded(q, k, v, self._opts, out, return_lse, seed, self._layer_for,
-                       (q_descale, k_descale, v_descale))
+                       (q_descale, k_descale, v_descale), _Mods(attn_mask, alibi_slopes, sinks))
 
     __call__ = forward
 
     @T.returns_like(1)
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                        out=None, return_lse=False, seed=None, q_descale=None, k_descale=None,
-                       v_descale=None):
+                       v_descale=None, alibi_slopes=None, sinks=None):
         """Packed q [total_q, H, D], k/v [total_k, Hkv, D] with int32
         cu_seqlens -> out [total_q, H, D] (or (out, lse [H, total_q])).
-        FP8 q, k, v take descales as varlen_attention() does."""
+        FP8 q, k, v take descales, alibi_slopes and sinks as
+        varlen_attention() does."""
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        self._opts, out, return_lse, seed, self._layer_for,
-                       (q_descale, k_descale, v_descale))
+                       (q_descale, k_descale, v_descale), _Mods(None, alibi_slopes, sinks))
 
     @T.returns_like(1)
     def decode(self, q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,
                cache_batch_idx=None, block_table=None, rotary_cos=None, rotary_sin=None,
                rotary_interleaved=True, num_splits=0, out=None, return_lse=False,
-               k_descale=None, v_descale=None, max_seqlen_k=None):
+               k_descale=None, v_descale=None, max_seqlen_k=None, alibi_slopes=None,
+               sinks=None):
         """One decode step of this layer against its KV caches: the
         arguments and result of kvcache_attention(), with this layer's heads,
         scale, masks and softcap (its dropout_p must be 0)."""
         return _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                        cache_batch_idx, block_table, self._opts, rotary_interleaved, num_splits,
-                       out, return_lse, self._layer_for, k_descale, v_descale, max_seqlen_k)
+                       out, return_lse, self._layer_for, k_descale, v_descale, max_seqlen_k,
+                       alibi_slopes, sinks)
 
     @T.returns_like(1)
     def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None):

@@ -91,6 +91,19 @@ class Config(Structure):
     ]
 
 
+class AttnMask(Structure):
+    """fmha_attn_mask: a boolean mask or additive bias over (sequence, head,
+    query, key), strides in elements (0 broadcasts)."""
+    _fields_ = [
+        ("data", c_void_p),
+        ("type", c_int),
+        ("stride_batch", c_int64),
+        ("stride_head", c_int64),
+        ("stride_q", c_int64),
+        ("stride_k", c_int64),
+    ]
+
+
 class ForwardArgs(Structure):
     """fmha_forward_args: the tensors and per-call values of one forward."""
     _fields_ = [
@@ -112,6 +125,10 @@ class ForwardArgs(Structure):
         ("descale_v", c_void_p),
         ("descale_layout", c_int),
         ("descale_block_rows", c_int64),
+        ("mask", AttnMask),           # score modifiers (CPU layers)
+        ("alibi_slopes", c_void_p),   # const float *
+        ("alibi_stride_batch", c_int64),
+        ("sinks", c_void_p),          # const float *
     ]
 
 
@@ -140,6 +157,9 @@ class KvcacheArgs(Structure):
         ("v_descale", c_void_p),
         ("kv_descale_layout", c_int),
         ("max_seqlen_k", c_int64),      # 0, or a bound on every sequence's keys
+        ("alibi_slopes", c_void_p),     # const float *
+        ("alibi_stride_batch", c_int64),
+        ("sinks", c_void_p),
     ]
 
 
@@ -164,6 +184,11 @@ class BackwardArgs(Structure):
         ("seed", c_uint64),
         ("offset", c_uint64),
         ("stream", c_void_p),         # cudaStream_t
+        ("mask", AttnMask),           # the forward's score modifiers
+        ("alibi_slopes", c_void_p),
+        ("alibi_stride_batch", c_int64),
+        ("sinks", c_void_p),
+        ("dsinks", c_void_p),         # float *: written (None: not wanted)
     ]
 
 

@@ -8,9 +8,11 @@ graph breaks: gradients on CPU tensors and on CUDA tensors of f16/bf16
 (fmha's portable CUDA backward).
 
 Differences from flash_attn:
-- alibi_slopes, cache_leftpad, and block_table of flash_attn_varlen_func
-  (paged prefill) raise NotImplementedError; flash_attn_with_kvcache takes
-  block_table (paged KV caches), on the CPU and on CUDA;
+- cache_leftpad, and block_table of flash_attn_varlen_func (paged prefill)
+  raise NotImplementedError; flash_attn_with_kvcache takes block_table
+  (paged KV caches), on the CPU and on CUDA;
+- alibi_slopes ([H] or [B, H] float32) runs on CPU arrays and tensors only
+  (a CUDA call with it raises), without autograd;
 - `deterministic` is accepted and ignored (fmha's forward, and its CPU
   backward, are deterministic anyway);
 - dropout draws its seed from fmha's generator (fmha.manual_seed), not
@@ -32,32 +34,32 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_fu
            "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache"]
 
 
-def _unsupported(alibi_slopes, block_table=None):
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes is not supported by fmha: ALiBi biases are not "
-                                  "implemented; pass alibi_slopes=None")
+def _unsupported(block_table=None):
     if block_table is not None:
         raise NotImplementedError("block_table (paged KV cache) is not supported by fmha: pass "
                                   "contiguous k/v with cu_seqlens_k and block_table=None")
 
 
 def _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, return_attn_probs,
-            descales):
+            descales, alibi_slopes=None):
     q_descale, k_descale, v_descale = descales
     res = _api.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window=window_size,
                          softcap=softcap, dropout_p=dropout_p, return_lse=return_attn_probs,
-                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                         alibi_slopes=alibi_slopes)
     return (res[0], res[1], None) if return_attn_probs else res
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            softmax_scale, causal, window_size, softcap, return_attn_probs, descales):
+            softmax_scale, causal, window_size, softcap, return_attn_probs, descales,
+            alibi_slopes=None):
     q_descale, k_descale, v_descale = descales
     res = _api.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 causal=causal, softmax_scale=softmax_scale, window=window_size,
                                 softcap=softcap, dropout_p=dropout_p,
                                 return_lse=return_attn_probs, q_descale=q_descale,
-                                k_descale=k_descale, v_descale=v_descale)
+                                k_descale=k_descale, v_descale=v_descale,
+                                alibi_slopes=alibi_slopes)
     return (res[0], res[1], None) if return_attn_probs else res
 
 
@@ -68,9 +70,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """q [B, Sq, H, D], k/v [B, Sk, Hkv, D] -> out [B, Sq, H, D];
     with return_attn_probs: (out, softmax_lse [B, H, Sq] float32, None).
     FP8 q, k, v: descales None or [1] / [B, Hkv] float32."""
-    _unsupported(alibi_slopes)
     return _padded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                   return_attn_probs, (q_descale, k_descale, v_descale))
+                   return_attn_probs, (q_descale, k_descale, v_descale), alibi_slopes)
 
 
 @returns_like()
@@ -83,10 +84,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     -> out [total_q, H, D]; with return_attn_probs: (out, softmax_lse
     [H, total_q] float32, None). FP8 q, k, v: descales None or [1] /
     [batch, Hkv] float32."""
-    _unsupported(alibi_slopes, block_table)
+    _unsupported(block_table)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                    softmax_scale, causal, window_size, softcap, return_attn_probs,
-                   (q_descale, k_descale, v_descale))
+                   (q_descale, k_descale, v_descale), alibi_slopes)
 
 
 @returns_like()
@@ -95,11 +96,11 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               deterministic=False, return_attn_probs=False, *, q_descale=None,
                               k_descale=None, v_descale=None):
     """qkv [B, S, 3, H, D] (q, k, v are strided views of it, not copies)."""
-    _unsupported(alibi_slopes)
     qkv = as_array(qkv, "qkv")
     _check_packed(qkv, "qkv", 5, 2, 3, "[batch, seqlen, 3, heads, head_dim]")
     return _padded(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
-                   window_size, softcap, return_attn_probs, (q_descale, k_descale, v_descale))
+                   window_size, softcap, return_attn_probs, (q_descale, k_descale, v_descale),
+                   alibi_slopes)
 
 
 @returns_like()
@@ -108,11 +109,10 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              deterministic=False, return_attn_probs=False, *, q_descale=None,
                              k_descale=None, v_descale=None):
     """q [B, Sq, H, D], kv [B, Sk, 2, Hkv, D]."""
-    _unsupported(alibi_slopes)
     kv = as_array(kv, "kv")
     _check_packed(kv, "kv", 5, 2, 2, "[batch, seqlen, 2, kv_heads, head_dim]")
     return _padded(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size,
-                   softcap, return_attn_probs, (q_descale, k_descale, v_descale))
+                   softcap, return_attn_probs, (q_descale, k_descale, v_descale), alibi_slopes)
 
 
 @returns_like()
@@ -122,12 +122,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False, *, q_descale=None,
                                      k_descale=None, v_descale=None):
     """qkv [total, 3, H, D] with one cu_seqlens for q and k."""
-    _unsupported(alibi_slopes)
     qkv = as_array(qkv, "qkv")
     _check_packed(qkv, "qkv", 4, 1, 3, "[total_tokens, 3, heads, head_dim]")
     return _varlen(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen,
                    max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
-                   return_attn_probs, (q_descale, k_descale, v_descale))
+                   return_attn_probs, (q_descale, k_descale, v_descale), alibi_slopes)
 
 
 @returns_like()
@@ -138,12 +137,11 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     return_attn_probs=False, *, q_descale=None, k_descale=None,
                                     v_descale=None):
     """q [total_q, H, D], kv [total_k, 2, Hkv, D]."""
-    _unsupported(alibi_slopes)
     kv = as_array(kv, "kv")
     _check_packed(kv, "kv", 4, 1, 2, "[total_tokens, 2, kv_heads, head_dim]")
     return _varlen(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                   return_attn_probs, (q_descale, k_descale, v_descale))
+                   return_attn_probs, (q_descale, k_descale, v_descale), alibi_slopes)
 
 
 @returns_like()
@@ -162,7 +160,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     additions: k_descale / v_descale (FP8 caches' descales), max_seqlen_k (a
     bound on the keys: no host synchronisation on CUDA).
     fmha.kvcache_attention documents each argument."""
-    _unsupported(alibi_slopes)
     if cache_leftpad is not None:
         raise NotImplementedError("cache_leftpad is not supported by fmha: keep each sequence's "
                                   "cache left-aligned and pass cache_leftpad=None")
@@ -173,7 +170,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                   softmax_scale=softmax_scale, window=window_size,
                                   softcap=softcap, num_splits=num_splits,
                                   return_lse=return_softmax_lse, k_descale=k_descale,
-                                  v_descale=v_descale, max_seqlen_k=max_seqlen_k)
+                                  v_descale=v_descale, max_seqlen_k=max_seqlen_k,
+                                  alibi_slopes=alibi_slopes)
 
 
 def _check_packed(x, name, ndim, axis, n, layout):

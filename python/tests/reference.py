@@ -66,10 +66,12 @@ def visible(sq, sk, causal=False, window=(-1, -1)):
 
 
 def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, dropout_p=0.0,
-              seed=0, offset=0, seq_base=0):
+              seed=0, offset=0, seq_base=0, bias=None, sinks=None):
     """q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] in any float
     dtype -> (out [B, Sq, H, Dv], lse [B, H, Sq]) in float64. seq_base: the
-    sequence index of batch entry 0 in the dropout stream (packed batches)."""
+    sequence index of batch entry 0 in the dropout stream (packed batches).
+    bias: added to the scores after softcap (broadcast to [B, H, Sq, Sk];
+    -inf hides a key); sinks [H]: one more logit per head, a key of value 0."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -79,10 +81,17 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, d
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * (scale if scale else 1.0 / np.sqrt(D))
     if softcap > 0:
         s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
     s = np.where(visible(Sq, Sk, causal, window), s, -np.inf)
     m = s.max(axis=-1, keepdims=True) if Sk else np.full((B, H, Sq, 1), -np.inf)
+    sink = None if sinks is None else np.asarray(sinks, np.float64)[None, :, None, None]
+    if sink is not None:
+        m = np.maximum(m, sink)
     p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
     l = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        l = l + np.exp(sink - np.where(np.isfinite(m), m, 0.0))
     lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)[..., 0]
     if dropout_p > 0:
         seq_head = (seq_base + np.arange(B))[:, None, None, None] * H + \

@@ -52,6 +52,7 @@ typedef struct bwd_call {
     const fmha_cpu_ops *ops;
     int64_t dkp, dvp; /* head dims rounded up to the ISA's lanes */
     float exp_scale;  /* S to the log2 domain: scale log2 e, or 1 after softcap */
+    float bias_unit;  /* S's units per unit of score bias (mask, ALiBi); 0: none */
     const float *D;   /* rowsum(dO * O), indexed as the LSE */
     int want_dk, want_dv;
 } bwd_call;
@@ -226,6 +227,8 @@ static void dq_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t h, int
         ops->load_rows(&a->k, tb, k0 + j0, hk, nj, pb->d, c->dkp, s->xb);
         ops->qk(s->xb, c->dkp, nj, nq, s->at + qv, pb->d, st);
         softcap_keep(c, s, nj, qv, nq);
+        for (int i = qv; c->bias_unit != 0.0f && i < ib; i++)
+            fmha_cpu_bias(pb, b, h, i0 + i, sq, sk, j0, nj, c->bias_unit, s->st + i, BR);
         const int edge = !(lo_last <= j0 && j0 + nj <= hi_first);
         if (edge)
             mask_lanes(s, j0, nj, qv, ib, -INFINITY);
@@ -317,6 +320,8 @@ static void dkv_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t hk, i
             ops->load_rows(&a->dout, tb, q0 + i0, h, nr, pb->dv, c->dvp, s->yb);
             ops->qk(s->xb, c->dkp, nr, nl, s->at, pb->d, s->st);
             softcap_keep(c, s, nr, 0, nl);
+            for (int r = 0; c->bias_unit != 0.0f && r < nr; r++)
+                fmha_cpu_bias(pb, b, h, i0 + r, sq, sk, j0, nk, c->bias_unit, s->st + r * BR, 1);
             ops->exp_rows(s->st, nr, nl, c->exp_scale, s->lse);
             if (!full)
                 mask_rows(s, nr, j0, nk);
@@ -374,6 +379,25 @@ static void rowsum_task(const bwd_call *c, float *D, int64_t b, int64_t h)
     }
 }
 
+/* dsinks[h] = -sum over the rows of head h of P_sink D, P_sink = e^(sink -
+ * lse): a sink is a key of value 0, so its dP is 0 and dS = P (0 - D). */
+static void sink_grads(const fmha_problem *pb, const float *D)
+{
+    const fmha_backward_args *a = pb->bwd;
+    for (int64_t h = 0; h < pb->heads; h++) {
+        double acc = 0.0;
+        for (int64_t b = 0; a->sinks[h] != -INFINITY && b < pb->batch; b++) {
+            int64_t q0, sq, k0, sk;
+            fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
+            for (int64_t i = 0; i < sq; i++) {
+                const int64_t at = lse_index(pb, b, h, q0, sq, i);
+                acc -= exp((double)a->sinks[h] - a->lse[at]) * D[at];
+            }
+        }
+        a->dsinks[h] = (float)acc;
+    }
+}
+
 /* The sequence of `task` among prefix sums start[0..n]. */
 static int64_t seq_of(const int64_t *start, int64_t n, int64_t task)
 {
@@ -399,6 +423,9 @@ fmha_status fmha_cpu_backward(const fmha_problem *pb, const fmha_kernel_info *ke
                   .dkp = round_up(pb->d, ops->lanes),
                   .dvp = round_up(pb->dv, ops->lanes),
                   .exp_scale = pb->cfg->softcap > 0 ? 1.0f : (float)(pb->scale * LOG2E),
+                  .bias_unit = !pb->args->mask.data && !pb->args->alibi_slopes ? 0.0f
+                               : pb->cfg->softcap > 0                          ? (float)LOG2E
+                                                      : (float)(1.0 / pb->scale),
                   .want_dk = a->dk.data != NULL,
                   .want_dv = a->dv.data != NULL};
     bwd_scratch unused;
@@ -479,5 +506,7 @@ fmha_status fmha_cpu_backward(const fmha_problem *pb, const fmha_kernel_info *ke
         }
     }
     fmha_free(start);
+    if (a->dsinks)
+        sink_grads(pb, D);
     return FMHA_STATUS_OK;
 }

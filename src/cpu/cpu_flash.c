@@ -248,6 +248,63 @@ static void mask_edges(task_scratch *s, int64_t j0, int nj, int ia, int ib)
     }
 }
 
+void fmha_cpu_bias(const fmha_problem *pb, int64_t b, int64_t h, int64_t i, int64_t sq, int64_t sk,
+                   int64_t j0, int n, float unit, float *dst, int64_t step)
+{
+    const fmha_forward_args *a = pb->args;
+    const fmha_attn_mask *m = &a->mask;
+    if (a->alibi_slopes) {
+        const float k = -a->alibi_slopes[b * a->alibi_stride_batch + h] * unit;
+        const int64_t diag = i + sk - sq;
+        for (int c = 0; c < n; c++) {
+            const int64_t dist = diag - (j0 + c);
+            dst[c * step] += k * (float)(dist < 0 ? -dist : dist);
+        }
+    }
+    if (!m->data)
+        return;
+    const int64_t e0 = b * m->stride_batch + h * m->stride_head + i * m->stride_q, sj = m->stride_k;
+    if (m->type == FMHA_MASK_BOOL) {
+        const uint8_t *keep = m->data;
+        for (int c = 0; c < n; c++)
+            if (!keep[e0 + (j0 + c) * sj])
+                dst[c * step] = -INFINITY;
+        return;
+    }
+    const fmha_dtype dt = fmha_mask_dtype(m->type);
+    for (int c = 0; c < n; c++)
+        dst[c * step] += unit * fmha_load_f32(m->data, dt, e0 + (j0 + c) * sj);
+}
+
+/* The score modifiers of rows [ia, ib) at keys [j0, j0 + nj) into st (in
+ * its units: `unit` per unit of score). */
+static void add_bias(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj, int ia, int ib,
+                     float unit)
+{
+    for (int i = ia; i < ib; i++)
+        fmha_cpu_bias(tk->pb, tk->b, s->row_head[i], s->row_pos[i], tk->sq, tk->sk, j0, nj, unit,
+                      s->st + i, BR);
+}
+
+/* The sinks (fmha_forward_args) into the softmax state of the slot's `rows`
+ * rows, once their keys are done: a logit of a key whose value is 0, so m
+ * and l take it in and o is rescaled with them (all in the log2 domain). */
+static void add_sinks(const fmha_cpu_task *tk, task_scratch *s, int rows)
+{
+    const float *sinks = tk->pb->args->sinks;
+    for (int i = 0; sinks && i < rows; i++) {
+        const float x = sinks[s->row_head[i]] * 1.4426950408889634f, m = s->m[i];
+        if (x == -INFINITY || isnan(m) || isnan(s->l[i]))
+            continue;
+        const float mn = m > x ? m : x, f = exp2f(m - mn);
+        float *o = s->o + (int64_t)i * tk->dvp;
+        for (int64_t c = 0; c < tk->dvp; c++)
+            o[c] *= f;
+        s->l[i] = s->l[i] * f + exp2f(x - mn);
+        s->m[i] = mn;
+    }
+}
+
 /* Drops probabilities of rows [ia, ib) as the shared Philox stream says and
  * scales the kept ones by 1 / (1 - p). */
 static void dropout(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj, int ia, int ib)
@@ -299,7 +356,7 @@ static void store_partial(const fmha_cpu_task *tk, const task_scratch *s, float 
  * The products are the tiles' or, by_rows, decode's row products (cpu.h's
  * row_qk, which run_task has run for the block's keys, and row_pv). */
 static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scratch *s,
-                      int by_rows, int rows, int64_t j0, int nj, float scale)
+                      int by_rows, int rows, int64_t j0, int nj, float scale, float bias_unit)
 {
     const fmha_problem *pb = tk->pb;
     const int full = s->lo[rows - 1] <= j0 && j0 + nj <= s->hi[0]; /* every row sees every key */
@@ -322,6 +379,8 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     }
     if (pb->cfg->softcap > 0)
         ops->softcap(st, nj, nq, (float)pb->scale, (float)pb->cfg->softcap);
+    if (bias_unit != 0.0f)
+        add_bias(tk, s, j0, nj, qv, ib, bias_unit);
     if (!full)
         mask_edges(s, j0, nj, qv, ib);
     ops->softmax(st, nj, nq, scale, m, l, alpha);
@@ -376,6 +435,11 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     const int slots = task_begin(tk, s, L, b, g, t, ka, kb);
     const int rows = tk->slot_rows, width = tk->rows / slots;
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
+    /* st holds scores over `scale` (log2 domain once scaled): a bias of x
+     * enters st as x times this; 0 = no mask and no ALiBi */
+    const float bias_unit = !pb->args->mask.data && !pb->args->alibi_slopes ? 0.0f
+                            : cfg->softcap > 0                              ? 1.4426950408889634f
+                                               : (float)(1.0 / pb->scale);
 
     /* Decode slots of fewer rows than a vector step take the row products
      * (the Q^T tile then holds the rows themselves: pack_q_rows); FP8 caches
@@ -400,18 +464,20 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
             ops->row_qk(tk, s->qt, rows, slots, width, hk, j0, nj, s->st);
         for (int k = 0; k < slots; k++) {
             tk->hk = hk[k];
-            run_block(ops, tk, &view[k], by_rows, rows, j0, nj, scale);
+            run_block(ops, tk, &view[k], by_rows, rows, j0, nj, scale, bias_unit);
         }
     }
     tk->rows = rows;
     for (int k = 0; k < slots; k++) {
         tk->row_pos = view[k].row_pos;
         tk->row_head = view[k].row_head;
-        if (nsplit > 1)
+        if (nsplit > 1) {
             store_partial(tk, &view[k], partial + b * nsplit * pb->heads * sq * (tk->dvp + 1),
                           split);
-        else
+        } else {
+            add_sinks(tk, &view[k], rows);
             ops->store(tk, view[k].o, view[k].m, view[k].l);
+        }
     }
 }
 
@@ -429,14 +495,16 @@ static void merge_splits(const fmha_problem *pb, const float *partial, int64_t n
         const int64_t b = row / (pb->heads * sq), h = row / sq % pb->heads, pos = row % sq;
         const float *p = partial + (b * nsplit * pb->heads + h) * sq * w + pos * w;
         const int64_t step = pb->heads * sq * w; /* from one split to the next */
-        float m = -INFINITY;
+        /* the sink (fmha_forward_args), a split of its own: one key of value 0 */
+        const float sink = a->sinks ? a->sinks[h] * 1.4426950408889634f : -INFINITY;
+        float m = sink;
         int nan = 0;
         for (int64_t s = 0; s < nsplit; s++) {
             const float x = p[s * step + dvp];
             nan |= isnan(x);
             m = x > m ? x : m;
         }
-        double l = 0.0;
+        double l = sink != -INFINITY ? exp2((double)sink - m) : 0.0;
         char *orow = fmha_row(&a->out, b, pos, h);
         for (int64_t c = 0; c < pb->dv; c++) {
             double acc = 0.0;

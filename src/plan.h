@@ -60,6 +60,7 @@ typedef struct fmha_kernel_desc {
     int tma;      /* reads q, k, v through TMA: rows checked per call */
     int fallback; /* kernel id for views TMA cannot read; -1 = UNSUPPORTED */
     int caches;   /* reads keys and values through KV caches (decode) */
+    int mods;     /* takes the score modifiers (attention masks, ALiBi, sinks) */
     fmha_kernel_role role;
     int ops; /* CPU: the kernel id whose micro-kernel table it runs on (itself for a forward) */
 } fmha_kernel_desc;

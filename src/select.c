@@ -18,6 +18,7 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #define FMHA_CPU_ROW(name, isa, compute_, inputs_, descales_, caches_, role_, ops_)          \
     [FMHA_KERNEL_ID_##name] = {.info = {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CPU, isa, #name}, \
                                .level = isa,                                                 \
+                               .mods = 1,                                                    \
                                .compute = #compute_,                                         \
                                .inputs = inputs_,                                            \
                                .descales = descales_,                                        \
@@ -27,10 +28,11 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                                .role = role_,                                                \
                                .ops = FMHA_KERNEL_ID_##ops_},
 #define FMHA_CUDA_ROW(name, family_, min_sm, sm90a_, compute_, inputs_, max_d, descales_, tma_, \
-                      fallback_, caches_, role_)                                                \
+                      fallback_, caches_, role_, mods_)                                         \
     [FMHA_KERNEL_ID_##                                                                          \
         name] = {.info = {FMHA_KERNEL_ID_##name, FMHA_DEVICE_CUDA, FMHA_CPU_ISA_AUTO, #name},   \
                  .level = min_sm,                                                               \
+                 .mods = mods_,                                                                 \
                  .family = #family_,                                                            \
                  .compute = #compute_,                                                          \
                  .inputs = inputs_,                                                             \
@@ -47,13 +49,14 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #define FMHA_CPU_BWD_KERNEL(name, isa, compute, inputs, ops) \
     FMHA_CPU_ROW(name, isa, compute, inputs, 0, 0, FMHA_ROLE_BACKWARD, ops)
 #define FMHA_CUDA_KERNEL(name, family, min_sm, sm90a, compute, inputs, max_d, descales, fallback, \
-                         caches)                                                                  \
+                         caches, mods)                                                            \
     FMHA_CUDA_ROW(name, family, min_sm, sm90a, compute, inputs, max_d, descales,                  \
-                  FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback, caches, FMHA_ROLE_FORWARD)
-#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d) \
-    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0, FMHA_ROLE_BACKWARD)
+                  FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback, caches, FMHA_ROLE_FORWARD, mods)
+#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d)      \
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0, \
+                  FMHA_ROLE_BACKWARD, 0)
 #define FMHA_CUDA_DEC_KERNEL(name, family, min_sm, compute, inputs, max_d) \
-    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 1, FMHA_ROLE_DECODE)
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 1, FMHA_ROLE_DECODE, 0)
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1
@@ -466,16 +469,19 @@ fmha_status fmha_plan_decode(const fmha_plan *fwd, fmha_plan *dec)
 fmha_status fmha_plan_check_mods(const fmha_plan *plan, const fmha_problem *pb)
 {
     const fmha_forward_args *a = pb->args;
-    if (!fmha_has_score_mods(a) || plan->kernel->info.device == FMHA_DEVICE_CPU)
+    if (!fmha_has_score_mods(a) || plan->kernel->mods)
         return FMHA_STATUS_OK;
     return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
                           "%s is given, but %s runs no score modifiers (attention masks, ALiBi "
-                          "slopes, sinks run on CPU layers): use device cpu, or express the "
-                          "mask as causal or window_left / window_right",
+                          "slopes and sinks run on CPU layers%s): use device cpu, or express "
+                          "the mask as causal or window_left / window_right",
                           a->mask.data      ? "mask"
                           : a->alibi_slopes ? "alibi_slopes"
                                             : "sinks",
-                          plan->kernel->info.name);
+                          plan->kernel->info.name,
+                          plan->kernel->info.device == FMHA_DEVICE_CUDA
+                              ? ", and in the forward of f16/bf16 CUDA layers"
+                              : "");
 }
 
 fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fmha_plan *call)
@@ -483,7 +489,18 @@ fmha_status fmha_plan_for_call(const fmha_plan *plan, const fmha_problem *pb, fm
     const fmha_forward_args *a = pb->args;
     *call = *plan;
     const fmha_kernel_desc *k = plan->kernel;
-    fmha_status mods = fmha_plan_check_mods(plan, pb);
+    if (fmha_has_score_mods(a) && !k->mods && k->fallback >= 0 && fmha_kernels[k->fallback].mods) {
+        /* score modifiers: the kernel that takes them (Hopper's portable twin) */
+        call->kernel = &fmha_kernels[k->fallback];
+        call->max_cluster = 1;
+        fmha_status st = fmha_backend_of(k->info.device)->plan_variant(call);
+        if (st != FMHA_STATUS_OK)
+            return st;
+        snprintf(call->reason, sizeof call->reason, "%s takes no score modifiers: %s instead",
+                 k->info.name, call->kernel->info.name);
+        k = call->kernel;
+    }
+    fmha_status mods = fmha_plan_check_mods(call, pb);
     if (mods != FMHA_STATUS_OK)
         return mods;
     if (pb->kv_cache && a->k.dtype == FMHA_DTYPE_F8_E4M3 && !(k->inputs >> a->k.dtype & 1u)) {

@@ -478,7 +478,8 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
         c.lkv = c.lkv == 2 ? 0 : c.lkv;
         c.dl = (fmha_descale_layout)tu_range(r, 2);
     }
-    if (c.device == FMHA_DEVICE_CPU && tu_range(r, 4) == 0) { /* score modifiers */
+    /* score modifiers: CPU kernels, and the f16/bf16 CUDA forward */
+    if ((c.device == FMHA_DEVICE_CPU || c.dt != FMHA_DTYPE_F8_E4M3) && tu_range(r, 4) == 0) {
         c.mask = (int)tu_range(r, 5);
         c.mask_bcast = (int)tu_range(r, 8);
         c.alibi = (int)tu_range(r, 3);
@@ -800,6 +801,8 @@ tcase tcase_backward_random(tu_rng *r, int index, const tcase_space *space, fmha
     tcase c = tcase_random(r, index, space);
     if (c.dt == FMHA_DTYPE_F8_E4M3)
         c.dt = dts[tu_range(r, 3)];
+    if (space->device == FMHA_DEVICE_CUDA) /* the CUDA backward takes no score modifiers */
+        c.mask = c.alibi = c.sinks = 0;
     *gdt = tu_range(r, 2) ? c.dt : dts[tu_range(r, 3)];
     *lg = (int)tu_range(r, 3);
     if (c.varlen && *lg == 1)

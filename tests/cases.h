@@ -20,7 +20,7 @@ typedef struct tcase {
     fmha_descale_layout dl; /* dt f8_e4m3: where the descales sit */
     int64_t dblock;         /* tokens per block for FMHA_DESCALE_PER_BLOCK */
     int ramp; /* q and k's first d / 2 channels make scores that rise along the keys */
-    /* score modifiers (CPU): mask 0 none, else FMHA_MASK_* + 1; mask_bcast bits
+    /* score modifiers (not FP8 on CUDA): mask 0 none, else FMHA_MASK_* + 1; mask_bcast bits
        1, 2, 4: stride 0 over sequences, heads, queries; alibi 0 none, 1 per
        head, 2 per sequence and head; sinks 0/1 */
     int mask, mask_bcast, alibi, sinks;

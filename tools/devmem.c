@@ -29,6 +29,33 @@ static inline size_t descale_bytes(const fmha_forward_args *a, const fmha_tensor
     return (size_t)n * sizeof(float);
 }
 
+/* The bytes of the score modifiers' arrays (fmha_forward_args): the mask's
+ * extent over [sequences, heads, longest query run, longest key run], the
+ * slopes, the sinks. */
+static void mods_bytes(const fmha_forward_args *a, size_t *mask, size_t *alibi, size_t *sinks)
+{
+    const int64_t seqs = a->cu_seqlens_q ? a->varlen_batch : a->q.batch;
+    int64_t sq = a->q.seqlen, sk = a->k.seqlen;
+    if (a->cu_seqlens_q) {
+        sq = sk = 0;
+        for (int64_t b = 0; b < seqs; b++) {
+            const int64_t lq = a->cu_seqlens_q[b + 1] - a->cu_seqlens_q[b];
+            const int64_t lk = a->cu_seqlens_k[b + 1] - a->cu_seqlens_k[b];
+            sq = lq > sq ? lq : sq;
+            sk = lk > sk ? lk : sk;
+        }
+    }
+    const fmha_attn_mask *m = &a->mask;
+    const size_t es = m->type == FMHA_MASK_BOOL ? 1 : m->type == FMHA_MASK_ADD_F32 ? 4 : 2;
+    *mask = !m->data || sq == 0 || sk == 0
+                ? 0
+                : (size_t)((seqs - 1) * m->stride_batch + (a->q.heads - 1) * m->stride_head +
+                           (sq - 1) * m->stride_q + (sk - 1) * m->stride_k + 1) *
+                      es;
+    *alibi = a->alibi_slopes ? (size_t)((seqs - 1) * a->alibi_stride_batch + a->q.heads) * 4 : 0;
+    *sinks = a->sinks ? (size_t)a->q.heads * 4 : 0;
+}
+
 int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device device, char *err,
                     size_t errlen)
 {
@@ -43,7 +70,10 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
     const int64_t ncu = host->cu_seqlens_q ? host->varlen_batch + 1 : 0;
     const void *src[DEV_OWNED] = {
         host->q.data,       host->k.data,       host->v.data,    host->out.data,  host->lse,
-        host->cu_seqlens_q, host->cu_seqlens_k, host->descale_q, host->descale_k, host->descale_v};
+        host->cu_seqlens_q, host->cu_seqlens_k, host->descale_q, host->descale_k, host->descale_v,
+        host->mask.data,    host->alibi_slopes, host->sinks};
+    size_t mask_b, alibi_b, sinks_b;
+    mods_bytes(host, &mask_b, &alibi_b, &sinks_b);
     size_t bytes[DEV_OWNED] = {tensor_bytes(&host->q),
                                tensor_bytes(&host->k),
                                tensor_bytes(&host->v),
@@ -53,9 +83,12 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
                                (size_t)ncu * 4,
                                descale_bytes(host, &host->q),
                                descale_bytes(host, &host->k),
-                               descale_bytes(host, &host->v)};
+                               descale_bytes(host, &host->v),
+                               mask_b,
+                               alibi_b,
+                               sinks_b};
     for (int i = 0; i < DEV_OWNED; i++) {
-        if (!src[i])
+        if (!src[i] || bytes[i] == 0)
             continue;
         cudaError_t e = cudaMalloc(&d->owned[i], bytes[i]);
         if (e == cudaSuccess)
@@ -77,6 +110,9 @@ int dev_args_upload(dev_args *d, const fmha_forward_args *host, fmha_device devi
     d->a.descale_q = d->owned[7];
     d->a.descale_k = d->owned[8];
     d->a.descale_v = d->owned[9];
+    d->a.mask.data = d->owned[10];
+    d->a.alibi_slopes = d->owned[11];
+    d->a.sinks = d->owned[12];
     return 0;
 #else
     snprintf(err, errlen, "this fmha was built without a CUDA backend");

@@ -6,7 +6,7 @@
 
 #include "fmha.h"
 
-#define DEV_OWNED 10 /* q, k, v, out, lse, cu_seqlens_q/k, descale_q/k/v */
+#define DEV_OWNED 13 /* q, k, v, out, lse, cu_seqlens_q/k, descale_q/k/v, mask, alibi, sinks */
 
 typedef struct dev_args {
     fmha_forward_args a;    /* what the layer runs on */

@@ -105,7 +105,10 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
                               {a->cu_seqlens_k, "cu_seqlens_k"},
                               {a->descale_q, "descale_q"},
                               {a->descale_k, "descale_k"},
-                              {a->descale_v, "descale_v"}};
+                              {a->descale_v, "descale_v"},
+                              {a->mask.data, "mask.data"},
+                              {a->alibi_slopes, "alibi_slopes"},
+                              {a->sinks, "sinks"}};
     fmha_status st = check_device_pointers(ptrs, sizeof ptrs / sizeof *ptrs);
     if (st != FMHA_STATUS_OK)
         return st;

@@ -52,6 +52,17 @@ struct flash_params {
     const float *q_row_scale;
     int q_scale_per_row;
     int kv_heads;
+    /* The score modifiers (fmha_forward_args), in device memory: the mask
+     * (type FMHA_MASK_*, strides in elements), ALiBi slopes, sinks; a bias
+     * enters S times bias_unit (S's units per unit of score). mods: any. */
+    const void *mask;
+    int mask_type;
+    int64_t mask_sb, mask_sh, mask_sq, mask_sk;
+    const float *alibi;
+    int64_t alibi_sb;
+    const float *sinks;
+    float bias_unit;
+    int mods;
 };
 
 template <bool BF16> struct elem;
@@ -214,6 +225,49 @@ __device__ __forceinline__ void store_any(void *base, int dtype, int64_t i, floa
 __device__ __forceinline__ void store_out(const flash_params &p, char *orow, int c, float x)
 {
     store_any(orow, p.out_dtype, c, x);
+}
+
+/* The score modifiers' bias at query i, key j of sequence b, head h (sq
+ * queries, sk keys): the additive mask's value minus the ALiBi slope times
+ * the distance from the query's diagonal, or -inf where a boolean mask
+ * hides the key (fmha.h). */
+__device__ __forceinline__ float score_bias(const flash_params &p, int64_t b, int64_t h, int64_t i,
+                                            int64_t j, int64_t sq, int64_t sk)
+{
+    float x = 0.0f;
+    if (p.alibi) {
+        const int64_t dist = i + sk - sq - j;
+        x = -p.alibi[b * p.alibi_sb + h] * (float)(dist < 0 ? -dist : dist);
+    }
+    if (p.mask) {
+        const int64_t e = b * p.mask_sb + h * p.mask_sh + i * p.mask_sq + j * p.mask_sk;
+        if (p.mask_type == FMHA_MASK_BOOL)
+            return ((const unsigned char *)p.mask)[e] ? x : -INFINITY;
+        x += load_any(p.mask,
+                      p.mask_type == FMHA_MASK_ADD_F32   ? FMHA_DTYPE_F32
+                      : p.mask_type == FMHA_MASK_ADD_F16 ? FMHA_DTYPE_F16
+                                                         : FMHA_DTYPE_BF16,
+                      e);
+    }
+    return x;
+}
+
+/* The sink of head h (fmha.h) into a finished row: its running max m (log2
+ * domain) and sum l become those of the row plus one key of value 0 and
+ * logit sink; the output, o / l before, is o * (*scale) / l after. */
+__device__ __forceinline__ void add_sink(const flash_params &p, int h, float &m, float &l,
+                                         float &scale)
+{
+    scale = 1.0f;
+    if (!p.sinks)
+        return;
+    const float x = p.sinks[h] * 1.4426950408889634f;
+    if (x == -INFINITY || m != m || l != l)
+        return;
+    const float mn = fmaxf(m, x);
+    scale = exp2f(m - mn);
+    l = l * scale + exp2f(x - mn);
+    m = mn;
 }
 
 /* -inf on this thread's scores of row r (of `rows`) that the row does not
@@ -412,6 +466,15 @@ inline void fill_flash_params(const fmha_problem *pb, flash_params *p)
     p->kv_heads = (int)pb->kv_heads;
     p->q_row_scale = pb->q_row_scale;
     p->q_scale_per_row = pb->q_row_scale != NULL;
+    p->mask = a->mask.data;
+    p->mask_type = a->mask.type;
+    p->mask_sb = a->mask.stride_batch, p->mask_sh = a->mask.stride_head;
+    p->mask_sq = a->mask.stride_q, p->mask_sk = a->mask.stride_k;
+    p->alibi = a->alibi_slopes;
+    p->alibi_sb = a->alibi_stride_batch;
+    p->sinks = a->sinks;
+    p->bias_unit = cfg->softcap > 0 ? (float)log2e : (float)(1.0 / pb->scale);
+    p->mods = fmha_has_score_mods(a);
 }
 
 /* cuda_flash.cu: the portable kernel's variant for a plan (head dim, tile),

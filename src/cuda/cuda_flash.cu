@@ -48,8 +48,8 @@ template <int D> struct tile {
 
 /* DROPOUT is a template argument because the Philox rounds' registers would
  * otherwise be reserved on every path: at D = 128 they cost ~200 bytes of
- * spills per thread. */
-template <int D, bool BF16, bool DROPOUT>
+ * spills per thread. MODS (the score modifiers: mask, ALiBi, sinks) too. */
+template <int D, bool BF16, bool DROPOUT, bool MODS>
 __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
     flash_fwd(const flash_params p)
 {
@@ -146,6 +146,26 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         s[mt][i][e] = tanh_fast(s[mt][i][e] * p.softcap_in) * p.softcap_out;
+        }
+
+        if (MODS && (p.mask || p.alibi)) { /* the bias of each score, read per element */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++) {
+                    const int r = (warp * MT + mt) * 16 + lane / 4 + rh * 8;
+                    if (r >= rows)
+                        continue;
+#pragma unroll
+                    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int c = i * 8 + (lane % 4) * 2 + e;
+                            if (c < nvalid)
+                                s[mt][i][2 * rh + e] +=
+                                    p.bias_unit * score_bias(p, b, h, m0 + r, n0 + c, sq, sk);
+                        }
+                }
         }
 
         /* Mask keys a row does not see (and the zero rows past the tile). */
@@ -252,33 +272,39 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
             const int r = (warp * MT + mt) * 16 + lane / 4 + rh * 8;
             if (r >= rows)
                 continue;
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            float m = m_row[mt][rh], f = 1.0f;
+            if (MODS)
+                add_sink(p, h, m, l, f);
+            const float inv = l > 0.0f ? f / l : 0.0f;
             store_out_frag<D>(p, block_out_row(p, bs, r), lane,
                               [&](int j, int e) { return o[mt][j][2 * rh + e] * inv; });
             if (p.lse && lane % 4 == 0)
-                store_lse(p, bs, r, m_row[mt][rh], l);
+                store_lse(p, bs, r, m, l);
         }
 }
 
-template <int D, bool BF16, bool DROPOUT>
+template <int D, bool BF16, bool DROPOUT, bool MODS>
 cudaError_t launch_variant(const flash_params &p, int64_t max_sq, int batch, cudaStream_t stream)
 {
     const size_t smem = tile<D>::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, BF16, DROPOUT>,
+    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, BF16, DROPOUT, MODS>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
     dim3 grid((unsigned)((max_sq + tile<D>::BM - 1) / tile<D>::BM), (unsigned)p.heads,
               (unsigned)batch);
-    flash_fwd<D, BF16, DROPOUT><<<grid, tile<D>::THREADS, smem, stream>>>(p);
+    flash_fwd<D, BF16, DROPOUT, MODS><<<grid, tile<D>::THREADS, smem, stream>>>(p);
     return cudaGetLastError();
 }
 
 template <int D, bool BF16>
 cudaError_t launch(const flash_params &p, int64_t max_sq, int batch, cudaStream_t stream)
 {
-    return p.drop_threshold ? launch_variant<D, BF16, true>(p, max_sq, batch, stream)
-                            : launch_variant<D, BF16, false>(p, max_sq, batch, stream);
+    if (p.mods)
+        return p.drop_threshold ? launch_variant<D, BF16, true, true>(p, max_sq, batch, stream)
+                                : launch_variant<D, BF16, false, true>(p, max_sq, batch, stream);
+    return p.drop_threshold ? launch_variant<D, BF16, true, false>(p, max_sq, batch, stream)
+                            : launch_variant<D, BF16, false, false>(p, max_sq, batch, stream);
 }
 
 } // namespace

@@ -39,7 +39,8 @@ static int g_verbose;
 /* What the executions did, printed at exit: whether the fuzzer reaches the
  * kernels at all, and each kind of check. */
 static struct {
-    long inputs, too_big, refused, ran, empty, compared, fp8_bits, in_place, overlapping, packed;
+    long inputs, too_big, refused, ran, empty, compared, fp8_bits, in_place, overlapping, packed,
+        mods;
 } g_count;
 
 static void print_counts(void)
@@ -47,10 +48,10 @@ static void print_counts(void)
     fprintf(stderr,
             "fuzz_forward: %ld inputs: %ld too big to run, %ld refused, %ld ran (%ld without a "
             "query row, %ld compared with the reference, %ld fp8_compute bit checks, %ld in "
-            "place, %ld packed, %ld with overlapping out rows)\n",
+            "place, %ld packed, %ld with overlapping out rows, %ld with score modifiers)\n",
             g_count.inputs, g_count.too_big, g_count.refused, g_count.ran, g_count.empty,
             g_count.compared, g_count.fp8_bits, g_count.in_place, g_count.packed,
-            g_count.overlapping);
+            g_count.overlapping, g_count.mods);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -264,6 +265,8 @@ typedef struct fcase {
     size_t lse_n; /* its floats */
     float *ds[3]; /* descales */
     int64_t ds_n[3];
+    void *mask; /* score modifiers' arrays */
+    float *slopes, *sinks;
 } fcase;
 
 /* Descales that fmha.h's layout reads for view t (q, k or v); -1 for a
@@ -302,6 +305,84 @@ static void case_free(fcase *c)
     free(c->lse);
     for (int i = 0; i < 3; i++)
         free(c->ds[i]);
+    free(c->mask);
+    free(c->slopes);
+    free(c->sinks);
+}
+
+/* The score modifiers (fmha_forward_args): a mask over [sequences, heads,
+ * seqlen_q, seqlen_k] of the views (enough for a packed batch's sequences
+ * too) of any type, its strides full or 0 (broadcast), now and then a
+ * negative one or a type that does not exist; ALiBi slopes per head or per
+ * sequence, sinks (some -inf), now and then a value the library must
+ * refuse. Values are finite or -inf. */
+static void mods_make(reader *r, fcase *c, tu_rng *rng)
+{
+    fmha_forward_args *a = &c->a;
+    const int64_t H = c->cfg.num_heads > 0 ? c->cfg.num_heads : 1;
+    const int64_t seqs = a->cu_seqlens_q  ? (c->nseq > 0 ? c->nseq : 1)
+                         : a->q.batch > 0 ? a->q.batch
+                                          : 1;
+    const int64_t sq = a->q.seqlen > 0 ? a->q.seqlen : 1, sk = a->k.seqlen > 0 ? a->k.seqlen : 1;
+    if (pick(r, 2) == 0 && seqs * H * sq * sk <= 4 * MAX_ELEMS) {
+        static const fmha_mask_type type_t[] = {FMHA_MASK_BOOL,     FMHA_MASK_BOOL,
+                                                FMHA_MASK_ADD_F32,  FMHA_MASK_ADD_F16,
+                                                FMHA_MASK_ADD_BF16, (fmha_mask_type)9};
+        fmha_attn_mask *m = &a->mask;
+        m->type = CHOOSE(r, type_t);
+        const int64_t n = seqs * H * sq * sk;
+        const size_t es = m->type == FMHA_MASK_ADD_F32 ? 4 : m->type == FMHA_MASK_BOOL ? 1 : 2;
+        c->mask = malloc(es * (size_t)n);
+        REQUIRE(c->mask != NULL);
+        for (int64_t e = 0; e < n; e++) {
+            const int hide = pick(r, 8) == 0 || tu_range(rng, 6) == 0;
+            const float x = hide ? -INFINITY : (float)(2.0 * tu_normal(rng));
+            if (es == 1)
+                ((unsigned char *)c->mask)[e] = (unsigned char)!hide;
+            else if (es == 4)
+                ((float *)c->mask)[e] = x;
+            else
+                ((uint16_t *)c->mask)[e] =
+                    m->type == FMHA_MASK_ADD_F16 ? fmha_f32_to_f16(x) : fmha_f32_to_bf16(x);
+        }
+        m->data = c->mask;
+        const int64_t full[4] = {H * sq * sk, sq * sk, sk, 1};
+        int64_t *strides[4] = {&m->stride_batch, &m->stride_head, &m->stride_q, &m->stride_k};
+        for (int i = 0; i < 4; i++)
+            *strides[i] = pick(r, 3) == 0 ? 0 : full[i];
+        if (pick(r, 16) == 0)
+            *strides[pick(r, 4)] = -1;
+        c->must_fail |= (unsigned)m->type > FMHA_MASK_ADD_BF16 || m->stride_batch < 0 ||
+                        m->stride_head < 0 || m->stride_q < 0 || m->stride_k < 0;
+    }
+    if (pick(r, 2) == 0) {
+        static const int64_t stride_t[] = {0, 0, 1, 2, -1}; /* x H (1, 2), or -1 */
+        const int64_t k = CHOOSE(r, stride_t);
+        a->alibi_stride_batch = k < 0 ? -1 : k * H;
+        const int64_t n = (seqs - 1) * (k > 0 ? k * H : 0) + H;
+        c->slopes = malloc(sizeof(float) * (size_t)n);
+        REQUIRE(c->slopes != NULL);
+        for (int64_t e = 0; e < n; e++)
+            c->slopes[e] = (float)(1.5 * tu_uniform(rng) - 0.5);
+        if (pick(r, 16) == 0) {
+            static const float bad[] = {NAN, INFINITY, -INFINITY};
+            c->slopes[pick(r, (unsigned)(n < 256 ? n : 256))] = CHOOSE(r, bad);
+            c->must_fail = 1;
+        }
+        c->must_fail |= k < 0;
+        a->alibi_slopes = c->slopes;
+    }
+    if (pick(r, 2) == 0) {
+        c->sinks = malloc(sizeof(float) * (size_t)H);
+        REQUIRE(c->sinks != NULL);
+        for (int64_t h = 0; h < H; h++)
+            c->sinks[h] = pick(r, 8) == 0 ? -INFINITY : (float)(2.0 * tu_normal(rng));
+        if (pick(r, 16) == 0) {
+            c->sinks[pick(r, (unsigned)(H < 256 ? H : 256))] = pick(r, 2) ? NAN : INFINITY;
+            c->must_fail = 1;
+        }
+        a->sinks = c->sinks;
+    }
 }
 
 /* Builds the case from the input. Returns 0 when it is too big to run. */
@@ -513,6 +594,10 @@ static int case_make(reader *r, fcase *c, tu_rng *rng)
     /* Read last, so that inputs written before it decode as they did. */
     static const int finite_t[] = {0, 0, 0, 1, 2};
     cfg->check_finite = CHOOSE(r, finite_t);
+    /* Later still, so that inputs written before the score modifiers existed
+     * decode as they did (and, running out, take none). */
+    if (pick(r, 3) == 1)
+        mods_make(r, c, rng);
     return 1;
 }
 
@@ -773,8 +858,13 @@ static void describe(const fcase *c)
         n += (size_t)snprintf(g_desc + n, sizeof g_desc - n, "%s%d/%d", i ? "," : " cu=", c->cuq[i],
                               c->a.cu_seqlens_k ? c->cuk[i] : -1);
     if (n < sizeof g_desc)
-        snprintf(g_desc + n, sizeof g_desc - n, " lse=%d descales=%d/%lld", c->lse != NULL,
-                 (int)c->a.descale_layout, (long long)c->a.descale_block_rows);
+        snprintf(g_desc + n, sizeof g_desc - n,
+                 " lse=%d descales=%d/%lld mask=%d/%lld,%lld,%lld,%lld alibi=%d/%lld sinks=%d",
+                 c->lse != NULL, (int)c->a.descale_layout, (long long)c->a.descale_block_rows,
+                 c->a.mask.data ? (int)c->a.mask.type : -1, (long long)c->a.mask.stride_batch,
+                 (long long)c->a.mask.stride_head, (long long)c->a.mask.stride_q,
+                 (long long)c->a.mask.stride_k, c->a.alibi_slopes != NULL,
+                 (long long)c->a.alibi_stride_batch, c->a.sinks != NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -836,6 +926,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_untouched_outside(&c, out_before, lse_before);
     g_count.in_place += c.alias;
     g_count.packed += c.a.cu_seqlens_q != NULL;
+    g_count.mods += c.a.mask.data || c.a.alibi_slopes || c.a.sinks;
     c.overlap = out_rows_overlap(&c);
     g_count.overlapping += c.overlap;
     if (c.overlap)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # test_cli_mpi.sh — `mpirun -np N fmha run|bench --sp-ulysses U --sp-ring R`
 # end to end on 2 and 4 CPU ranks: Ulysses, ring and both, MHA and GQA,
-# causal, dropout, a file in and out, the gathered output checked by the
+# causal (zigzag tokens too), dropout, a file in and out, the gathered output checked by the
 # command against one process's forward (and the float64 reference), bench's
 # bytes per rank; and the refusals (U x R not the ranks, no mpirun, heads that
 # U does not divide, cross-attention, a rank that fails alone), each printed
@@ -62,6 +62,10 @@ has "$SP_OK"
 has "$LSE_OK"
 ranks 0 -- mpi 2 run --model flux-1024 --seqlen 63 --sp-ring 2 --dropout 0.1 --seed 3
 has "$SP_OK"
+ranks 0 -- mpi 2 run --model llama3-8b --seqlen 83 --sp-ring 2 --sp-layout zigzag --dtype f32
+has "ulysses 1 x ring 2 on 2 CPU ranks, zigzag tokens"
+has "$SP_OK"
+has "$LSE_OK"
 "$FMHA" run --model lumina2 --seqlen 90 --causal -o "$T/in.safetensors" >/dev/null 2>&1
 ranks 0 -- mpi 2 run "$T/in.safetensors" --check --sp-ring 2 -o "$T/out.safetensors"
 has "all rows against the float64 reference.*: ok"
@@ -92,6 +96,8 @@ has "$LSE_OK"
 ranks 0 -- mpi 4 run --model lumina2 --seqlen 70 --causal --sp-ulysses 4
 has "$SP_OK"
 ranks 0 -- mpi 4 run --model llama3-8b --seqlen 50 --sp-ulysses 2 --sp-ring 2 --dtype f16
+has "$SP_OK"
+ranks 0 -- mpi 4 run --model llama3-8b --seqlen 61 --sp-ring 4 --sp-layout zigzag
 has "$SP_OK"
 
 # ---- refusals, printed once. On 4 ranks: Open MPI's mpirun takes a second

@@ -61,6 +61,16 @@ int main(void)
     TU_CHECK(rc == CLI_PARSE_ERROR &&
                  strstr(err, "--sp-ulysses 0 is out of range: allowed 1 to 65536"),
              "--sp-ulysses 0: rc %d, \"%s\"", rc, err);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-layout", "zigzag"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_layout == FMHA_SP_LAYOUT_ZIGZAG && o.sp_layout_set,
+             "--sp-layout zigzag: rc %d, layout %d, \"%s\"", rc, (int)o.sp_layout, err);
+    rc = parse(&o, err, sizeof err, WORDS("--seqlen", "64"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_layout == FMHA_SP_LAYOUT_CONTIGUOUS && !o.sp_layout_set,
+             "--sp-layout left out: layout %d, set %d", (int)o.sp_layout, o.sp_layout_set);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-layout", "spiral"));
+    TU_CHECK(rc == CLI_PARSE_ERROR &&
+                 strstr(err, "--sp-layout 'spiral' is neither contiguous nor zigzag"),
+             "--sp-layout spiral: rc %d, \"%s\"", rc, err);
     rc = parse(&o, err, sizeof err, WORDS("--sp-ring", "2x"));
     TU_CHECK(rc == CLI_PARSE_ERROR && strstr(err, "--sp-ring '2x' is not an integer"),
              "--sp-ring 2x: rc %d, \"%s\"", rc, err);

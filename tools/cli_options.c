@@ -125,7 +125,8 @@ enum {
     OPT_CHECK_FINITE,
     OPT_BACKWARD,
     OPT_SP_ULYSSES,
-    OPT_SP_RING
+    OPT_SP_RING,
+    OPT_SP_LAYOUT
 };
 
 int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t errlen)
@@ -156,6 +157,7 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
                                              {"iters", required_argument, 0, OPT_ITERS},
                                              {"sp-ulysses", required_argument, 0, OPT_SP_ULYSSES},
                                              {"sp-ring", required_argument, 0, OPT_SP_RING},
+                                             {"sp-layout", required_argument, 0, OPT_SP_LAYOUT},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     set_err(err, errlen, "%s", "");
@@ -276,6 +278,17 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
                 return CLI_PARSE_ERROR;
             o->sp_ring = (int)v;
             break;
+        case OPT_SP_LAYOUT:
+            if (!strcmp(optarg, "contiguous") || !strcmp(optarg, "zigzag")) {
+                o->sp_layout = optarg[0] == 'z' ? FMHA_SP_LAYOUT_ZIGZAG : FMHA_SP_LAYOUT_CONTIGUOUS;
+                o->sp_layout_set = 1;
+                break;
+            }
+            set_err(err, errlen,
+                    "--sp-layout '%s' is neither contiguous nor zigzag (zigzag balances a causal "
+                    "ring: fmha_sp_layout)",
+                    optarg);
+            return CLI_PARSE_ERROR;
         case 'h': return CLI_PARSE_HELP;
         default: return CLI_PARSE_GETOPT;
         }

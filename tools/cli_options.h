@@ -68,8 +68,10 @@ typedef struct cli_options {
     uint64_t seed;
     fmha_device device;
     int threads, check, json, iters, check_finite;
-    int backward;            /* bench: time the backward too */
-    int sp_ulysses, sp_ring; /* sequence-parallel degrees under mpirun (tools/sp_cli.h) */
+    int backward;             /* bench: time the backward too */
+    int sp_ulysses, sp_ring;  /* sequence-parallel degrees under mpirun (tools/sp_cli.h) */
+    fmha_sp_layout sp_layout; /* --sp-layout contiguous (default) or zigzag */
+    int sp_layout_set;
     unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } cli_options;
 

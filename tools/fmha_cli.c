@@ -47,7 +47,8 @@ static const char usage_text[] =
     "      runs FP8 attention (CPU, or Hopper GPUs); the check is on the dequantized inputs.\n"
     "      mpirun -np N fmha run ... --sp-ulysses U --sp-ring R (U x R = N) runs it\n"
     "      sequence-parallel on CPU ranks (docs/sequence_parallel.md): rank 0 prints, and\n"
-    "      checks every row of the gathered output against one process's forward.\n"
+    "      checks every row of the gathered output against one process's forward;\n"
+    "      --sp-layout zigzag deals the ring's tokens in 2R chunks (a causal ring balanced).\n"
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
     "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
     "      [--iters N] [--json] [--backward]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
@@ -314,9 +315,10 @@ static int timed_forward(cli_sp *sp, const fmha_config *cfg, const fmha_forward_
 
 static void sp_print_summary(const cli_sp *sp, int64_t sent)
 {
-    printf("sequence parallel: ulysses %d x ring %d on %d CPU ranks (the time is the slowest "
+    printf("sequence parallel: ulysses %d x ring %d on %d CPU ranks%s (the time is the slowest "
            "rank's), %.3g MB sent per rank (the most)\n",
-           sp->ulysses, sp->ring, sp->ranks, (double)sent * 1e-6);
+           sp->ulysses, sp->ring, sp->ranks,
+           sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? ", zigzag tokens" : "", (double)sent * 1e-6);
 }
 
 /* Rank 0 of a sequence-parallel run: the same forward in this process alone,
@@ -924,7 +926,7 @@ static int cmd_run(cli_sp *sp, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    const int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, "run");
+    const int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, o.sp_layout, "run");
     if (rc)
         return rc;
     return o.input ? run_file(&o, sp) : run_model(&o, sp);
@@ -994,6 +996,8 @@ static void bench_report(const options *o, const bench_shape *s, const fmha_conf
             cJSON_AddNumberToObject(j, "ranks", sp->ranks);
             cJSON_AddNumberToObject(j, "ulysses", sp->ulysses);
             cJSON_AddNumberToObject(j, "ring", sp->ring);
+            cJSON_AddStringToObject(j, "layout",
+                                    sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
             cJSON *per_rank = cJSON_AddArrayToObject(j, "bytes_sent_per_rank");
             for (int r = 0; r < sp->ranks && per_rank; r++)
                 cJSON_AddItemToArray(per_rank, cJSON_CreateNumber((double)sent[r]));
@@ -1377,7 +1381,7 @@ static int cmd_bench(cli_sp *sp, int argc, char **argv)
         fprintf(stderr, "fmha: bench takes no input file\n");
         return EXIT_USAGE;
     }
-    int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, "bench");
+    int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, o.sp_layout, "bench");
     if (rc)
         return rc;
     if (sp->on && o.backward) {
@@ -1441,8 +1445,9 @@ static int cmd_accuracy(int argc, char **argv)
     const int parsed = parse_options(argc, argv, &o);
     if (parsed)
         return parsed > 0 ? 0 : EXIT_USAGE;
-    if (o.sp_ulysses || o.sp_ring) {
-        fprintf(stderr, "fmha: --sp-ulysses and --sp-ring are options of run and bench\n");
+    if (o.sp_ulysses || o.sp_ring || o.sp_layout_set) {
+        fprintf(stderr,
+                "fmha: --sp-ulysses, --sp-ring and --sp-layout are options of run and bench\n");
         return EXIT_USAGE;
     }
     if (o.input) {

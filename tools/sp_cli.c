@@ -108,6 +108,7 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
         return 1;
     }
     fmha_sp_config_init(&sh->sp, s->ulysses, s->ring);
+    sh->sp.layout = s->layout;
     fmha_status st = fmha_sp_tokens(&sh->sp, w->q.seqlen, s->rank, sh->start, sh->len, &sh->nseg);
     if (st != FMHA_STATUS_OK) {
         fprintf(stderr, "fmha: %s (%s)\n", fmha_last_error(), fmha_status_string(st));
@@ -155,10 +156,11 @@ static int launcher_says(const char *ompi, const char *pmi)
     return n ? atoi(n) : 0;
 }
 
-int cli_sp_setup(cli_sp *s, int ulysses, int ring, const char *command)
+int cli_sp_setup(cli_sp *s, int ulysses, int ring, fmha_sp_layout layout, const char *command)
 {
     s->ulysses = ulysses ? ulysses : 1;
     s->ring = ring ? ring : 1;
+    s->layout = layout;
     const long long want = (long long)s->ulysses * s->ring;
     const int launched = launcher_says("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
     if (want == 1 && launched <= 1)
@@ -268,10 +270,11 @@ void cli_sp_begin(cli_sp *s, int *argc, char ***argv)
         quiet(s);
 }
 
-int cli_sp_setup(cli_sp *s, int ulysses, int ring, const char *command)
+int cli_sp_setup(cli_sp *s, int ulysses, int ring, fmha_sp_layout layout, const char *command)
 {
     s->ulysses = ulysses ? ulysses : 1;
     s->ring = ring ? ring : 1;
+    s->layout = layout;
     const long long want = (long long)s->ulysses * s->ring;
     if (want == 1 && s->ranks == 1)
         return 0; /* one process: the command as ever */

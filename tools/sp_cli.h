@@ -19,7 +19,7 @@
  *     cli_sp sp;
  *     cli_sp_begin(&sp, &argc, &argv);     // before the options are parsed
  *     ... parse the options ...
- *     rc = cli_sp_setup(&sp, o.sp_ulysses, o.sp_ring, "run");
+ *     rc = cli_sp_setup(&sp, o.sp_ulysses, o.sp_ring, o.sp_layout, "run");
  *     if (!rc && sp.on) {
  *         cli_sp_shard sh;
  *         rc = cli_sp_agree(&sp, cli_sp_shard_init(&sp, &sh, &whole));
@@ -39,6 +39,7 @@ typedef struct cli_sp {
     int on;          /* a sequence-parallel run over `ranks` ranks (cli_sp_setup) */
     int rank, ranks; /* 0 and 1 outside MPI */
     int ulysses, ring;
+    fmha_sp_layout layout; /* of the ring's tokens */
     fmha_comm *comm;
     int mpi;     /* MPI was started here (an MPI launcher started the process) */
     int settled; /* a failure was agreed on, with this exit status: */
@@ -52,11 +53,12 @@ typedef struct cli_sp {
  * quiets ranks other than 0. A plain `fmha run` never touches MPI. */
 void cli_sp_begin(cli_sp *s, int *argc, char ***argv);
 
-/* After: the degrees the command line gave (0: not given, 1). U x R must be the
+/* After: the degrees the command line gave (0: not given, 1) and the ring's
+ * token layout (contiguous, or zigzag: causal work balanced). U x R must be the
  * number of ranks; one process with 1 x 1 is the command as ever (s->on stays
  * 0). Makes the communicator. Returns 0 or the exit status of an error it
  * printed (2: U x R differs from the ranks, no mpirun, no MPI in this build). */
-int cli_sp_setup(cli_sp *s, int ulysses, int ring, const char *command);
+int cli_sp_setup(cli_sp *s, int ulysses, int ring, fmha_sp_layout layout, const char *command);
 
 /* Collective while MPI runs: the worst of every rank's exit status `rc`; on a
  * failure rank 0 prints the first failed rank's messages (its own are out
@@ -67,7 +69,7 @@ int cli_sp_agree(cli_sp *s, int rc);
  * failure was settled), the communicator freed, MPI finalized. */
 int cli_sp_end(cli_sp *s, int rc);
 
-/* This rank's tokens of a padded problem (fmha_sp_tokens, contiguous layout),
+/* This rank's tokens of a padded problem (fmha_sp_tokens, in s->layout),
  * copied out of the whole tensors into buffers of its own. */
 typedef struct cli_sp_shard {
     fmha_sp_config sp;

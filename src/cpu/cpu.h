@@ -62,12 +62,13 @@ typedef struct fmha_cpu_task {
     const int64_t *row_pos, *row_head; /* [rows] */
 } fmha_cpu_task;
 
-/* Adds the score modifiers' bias (fmha_forward_args: mask, ALiBi) of query
- * i of head h of sequence b (sq queries, sk keys) at keys [j0, j0 + n) to
- * dst[c * step], times `unit` (the tile's units per unit of score); a key a
- * boolean mask hides gets -inf. Forward and backward tiles alike. */
+/* Adds the score modifiers' bias (fmha_forward_args: the mask, and ALiBi
+ * where `alibi`) of query i of head h of sequence b (sq queries, sk keys)
+ * at keys [j0, j0 + n) to dst[c * step], times `unit` (the tile's units per
+ * unit of score); a key a boolean mask hides gets -inf. Forward and backward
+ * tiles alike. */
 void fmha_cpu_bias(const fmha_problem *pb, int64_t b, int64_t h, int64_t i, int64_t sq, int64_t sk,
-                   int64_t j0, int n, float unit, float *dst, int64_t step);
+                   int64_t j0, int n, float unit, float *dst, int64_t step, int alibi);
 
 /* Micro-kernels of one ISA. A task calls pack_q once; then for each block of
  * nj <= FMHA_CPU_BC keys load_k, qk, softcap (if on), softmax, load_v,

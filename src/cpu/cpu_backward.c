@@ -228,7 +228,7 @@ static void dq_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t h, int
         ops->qk(s->xb, c->dkp, nj, nq, s->at + qv, pb->d, st);
         softcap_keep(c, s, nj, qv, nq);
         for (int i = qv; c->bias_unit != 0.0f && i < ib; i++)
-            fmha_cpu_bias(pb, b, h, i0 + i, sq, sk, j0, nj, c->bias_unit, s->st + i, BR);
+            fmha_cpu_bias(pb, b, h, i0 + i, sq, sk, j0, nj, c->bias_unit, s->st + i, BR, 1);
         const int edge = !(lo_last <= j0 && j0 + nj <= hi_first);
         if (edge)
             mask_lanes(s, j0, nj, qv, ib, -INFINITY);
@@ -321,7 +321,7 @@ static void dkv_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t hk, i
             ops->qk(s->xb, c->dkp, nr, nl, s->at, pb->d, s->st);
             softcap_keep(c, s, nr, 0, nl);
             for (int r = 0; c->bias_unit != 0.0f && r < nr; r++)
-                fmha_cpu_bias(pb, b, h, i0 + r, sq, sk, j0, nk, c->bias_unit, s->st + r * BR, 1);
+                fmha_cpu_bias(pb, b, h, i0 + r, sq, sk, j0, nk, c->bias_unit, s->st + r * BR, 1, 1);
             ops->exp_rows(s->st, nr, nl, c->exp_scale, s->lse);
             if (!full)
                 mask_rows(s, nr, j0, nk);

@@ -249,11 +249,11 @@ static void mask_edges(task_scratch *s, int64_t j0, int nj, int ia, int ib)
 }
 
 void fmha_cpu_bias(const fmha_problem *pb, int64_t b, int64_t h, int64_t i, int64_t sq, int64_t sk,
-                   int64_t j0, int n, float unit, float *dst, int64_t step)
+                   int64_t j0, int n, float unit, float *dst, int64_t step, int alibi)
 {
     const fmha_forward_args *a = pb->args;
     const fmha_attn_mask *m = &a->mask;
-    if (a->alibi_slopes) {
+    if (alibi && a->alibi_slopes) {
         const float k = -a->alibi_slopes[b * a->alibi_stride_batch + h] * unit;
         const int64_t diag = i + sk - sq;
         for (int c = 0; c < n; c++) {
@@ -277,13 +277,58 @@ void fmha_cpu_bias(const fmha_problem *pb, int64_t b, int64_t h, int64_t i, int6
 }
 
 /* The score modifiers of rows [ia, ib) at keys [j0, j0 + nj) into st (in
- * its units: `unit` per unit of score). */
+ * its units: `unit` per unit of score), key by key over the rows, which lie
+ * side by side in st (loops that vectorise; ALiBi's distances in f32, exact
+ * below 2^24 keys, past which fmha_cpu_bias takes every modifier row by
+ * row). */
 static void add_bias(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj, int ia, int ib,
                      float unit)
 {
+    const fmha_forward_args *a = tk->pb->args;
+    const int by_keys = a->alibi_slopes && tk->sk < ((int64_t)1 << 24);
+    if (by_keys) {
+        float slope[BR], diag[BR]; /* -slope x unit; the row's diagonal less j0 */
+        for (int i = ia; i < ib; i++) {
+            slope[i] = -a->alibi_slopes[tk->b * a->alibi_stride_batch + s->row_head[i]] * unit;
+            diag[i] = (float)(s->row_pos[i] + tk->sk - tk->sq - j0);
+        }
+        for (int c = 0; c < nj; c++) {
+            float *row = s->st + c * BR;
+            for (int i = ia; i < ib; i++)
+                row[i] += slope[i] * fabsf(diag[i] - (float)c);
+        }
+    }
+    const fmha_attn_mask *m = &a->mask;
+    if (!by_keys) { /* row by row, every modifier */
+        for (int i = ia; i < ib; i++)
+            fmha_cpu_bias(tk->pb, tk->b, s->row_head[i], s->row_pos[i], tk->sq, tk->sk, j0, nj,
+                          unit, s->st + i, BR, 1);
+        return;
+    }
+    if (!m->data)
+        return;
+    /* the mask key by key too: each row's elements at e[i] + j stride_k */
+    int64_t e[BR];
     for (int i = ia; i < ib; i++)
-        fmha_cpu_bias(tk->pb, tk->b, s->row_head[i], s->row_pos[i], tk->sq, tk->sk, j0, nj, unit,
-                      s->st + i, BR);
+        e[i] = tk->b * m->stride_batch + s->row_head[i] * m->stride_head +
+               s->row_pos[i] * m->stride_q + j0 * m->stride_k;
+    const fmha_dtype dt = fmha_mask_dtype(m->type);
+    for (int c = 0; c < nj; c++) {
+        float *row = s->st + c * BR;
+        const int64_t jc = c * m->stride_k;
+        if (m->type == FMHA_MASK_BOOL) {
+            const uint8_t *keep = m->data;
+            for (int i = ia; i < ib; i++)
+                row[i] = keep[e[i] + jc] ? row[i] : -INFINITY;
+        } else if (dt == FMHA_DTYPE_F32) {
+            const float *add = m->data;
+            for (int i = ia; i < ib; i++)
+                row[i] += unit * add[e[i] + jc];
+        } else {
+            for (int i = ia; i < ib; i++)
+                row[i] += unit * fmha_load_f32(m->data, dt, e[i] + jc);
+        }
+    }
 }
 
 /* The sinks (fmha_forward_args) into the softmax state of the slot's `rows`

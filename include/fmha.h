@@ -332,8 +332,10 @@ typedef struct fmha_attn_mask {
  * value 0 (attention sinks): out = sum_j e^(s_j) v_j / (e^sink + sum_j
  * e^(s_j)), lse = log(e^sink + sum_j e^(s_j)); a row with no visible key gets
  * out 0 and lse = sink. Slopes must be finite and sinks not NaN (-inf: no
- * sink). Mask, slopes and sinks sit in q's memory. CPU layers run them;
- * CUDA layers answer UNSUPPORTED (fmha_sp_args has none of them).
+ * sink). Mask, slopes and sinks sit in q's memory. CPU layers run them, and
+ * the forward of f16/bf16 CUDA layers (on the portable kernel: Hopper calls
+ * with them take it instead); CUDA decode, the CUDA backward and FP8 on CUDA
+ * answer UNSUPPORTED. fmha_sp_args has none of them.
  *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
  * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),

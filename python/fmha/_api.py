@@ -719,7 +719,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     foreign array with __dlpack__ and __array_namespace__ (CuPy, JAX) gets
     its own type back (that namespace's from_dlpack, sharing memory).
 
-    Score modifiers (CPU; a CUDA call with one raises): attn_mask as torch
+    Score modifiers (CPU, and f16/bf16 CUDA forwards): attn_mask as torch
     SDPA's, broadcastable to [B, H, Sq, Sk] — boolean (True = attend) or
     float added to the scaled scores (after softcap); alibi_slopes [H] or
     [B, H] float32, adding -slope * |i + Sk - Sq - j| (flash-attn's ALiBi);

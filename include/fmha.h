@@ -613,7 +613,7 @@ typedef struct fmha_layer fmha_layer;
  * kernel's variant and its workspace — and owns the workspace. The
  * environment variables fmha reads (FMHA_CPU_ISA, FMHA_CUDA_KERNEL,
  * FMHA_CUDA_SCHEDULE, FMHA_CUDA_CLUSTER, FMHA_FP8_ACCUM, FMHA_FP8_ATTN, and
- * the tuning knob FMHA_CUDA_DECODE_L2PF: 0, 128 or 256) are
+ * the tuning knob FMHA_CUDA_DECODE_L2PF: 0, 128 or 256, default 256) are
  * read here, once: a layer keeps what they said at its init, and a bad value
  * is INVALID_ARGUMENT here. */
 FMHA_API fmha_status fmha_layer_init(fmha_layer **layer, const fmha_config *cfg);

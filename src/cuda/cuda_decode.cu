@@ -806,9 +806,13 @@ void fill_params(const fmha_problem *pb, dec_params *p)
 }
 
 /* How many splits: num_splits where the caller gave one, else the fewest
- * that fill the device's resident blocks (`slots`) to 90%, each split at
- * least two tiles long; never more splits than tiles. */
-int choose_splits(int64_t blocks, int64_t slots, int64_t max_keys, int kt, int64_t asked)
+ * that fill the device's resident blocks (`slots`) to 90%, but no more than
+ * give each of the `sms` multiprocessors one block, each split at least two
+ * tiles long; never more splits than tiles. The cap is the H100 sweep's
+ * (bench/NOTES.md, "Decode on CUDA"): with few blocks (batch 1 at 128k keys,
+ * MQA), filling a second block per SM cost 12-30% against one. */
+int choose_splits(int64_t blocks, int64_t slots, int64_t sms, int64_t max_keys, int kt,
+                  int64_t asked)
 {
     const int64_t tiles = (max_keys + kt - 1) / kt;
     int64_t most = tiles > 1 ? tiles : 1;
@@ -816,7 +820,9 @@ int choose_splits(int64_t blocks, int64_t slots, int64_t max_keys, int kt, int64
         most = 65535;
     if (asked > 0)
         return (int)(asked < most ? asked : most);
-    const int64_t cap = tiles / 2 < 1 ? 1 : tiles / 2 < most ? tiles / 2 : most;
+    int64_t cap = tiles / 2 < 1 ? 1 : tiles / 2 < most ? tiles / 2 : most;
+    const int64_t one_per_sm = blocks > 0 ? (sms + blocks - 1) / blocks : 1;
+    cap = cap < one_per_sm ? cap : one_per_sm > 1 ? one_per_sm : 1;
     int best = 1;
     double best_fill = 0.0;
     for (int64_t s = 1; s <= cap && s <= 256; s++) {
@@ -856,8 +862,8 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
                               "batch x kv heads x row blocks (%lld) exceeds the grid: split the "
                               "batch into calls",
                               (long long)blocks);
-    p.splits = choose_splits(blocks, (int64_t)sms * (per_sm > 0 ? per_sm : 1), pb->max_sk, G::KT,
-                             pb->num_splits);
+    p.splits = choose_splits(blocks, (int64_t)sms * (per_sm > 0 ? per_sm : 1), sms, pb->max_sk,
+                             G::KT, pb->num_splits);
     const int64_t tiles = (pb->max_sk + G::KT - 1) / G::KT;
     p.split_keys = ((tiles + p.splits - 1) / p.splits) * G::KT;
     if (p.split_keys == 0)

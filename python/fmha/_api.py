@@ -588,10 +588,14 @@ def _grad_views(given, need, refs):
     return objs, views
 
 
-def _run_backward(cfg, layer, views, lse_ptr, grads, seed, varlen=None):
+def _run_backward(cfg, layer, views, lse_ptr, grads, seed, varlen=None, mods=None,
+                  dsinks=None):
     """Fills BackwardArgs and runs one backward, on `layer` or one-shot."""
     qv, kv, vv, ov, gv = views
     a = _lib.BackwardArgs()
+    if mods:
+        mods.apply(a)
+        a.dsinks = dsinks
     a.q, a.k, a.v, a.out, a.dout = qv.tensor(), kv.tensor(), vv.tensor(), ov.tensor(), gv.tensor()
     a.lse = lse_ptr
     a.dq, a.dk, a.dv = (g.tensor() if g is not None else _lib.Tensor() for g in grads)
@@ -608,26 +612,39 @@ def _run_backward(cfg, layer, views, lse_ptr, grads, seed, varlen=None):
             _lib.raise_for_status(_lib.fmha_backward(cfg, a))
 
 
+def _dsinks(mods, qv, heads):
+    """(array, pointer) for the sinks' gradient [heads] float32 where the
+    call has sinks, else (None, None)."""
+    if not mods or mods.given[2] is None:
+        return None, None
+    d = T.empty(qv, (heads,), "f32")
+    return d, T.data_ptr(d)
+
+
 def _padded_backward(dout, q, k, v, out, lse, opts, seed, given=(None,) * 3, need=(True,) * 3,
-                     layer_for=None):
+                     layer_for=None, mods=_NO_MODS):
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
     ov, gv = T.view(out, "out", 4), T.view(dout, "dout", 4)
     T.same_device(qv, kv, vv, ov, gv)
     B, Sq, H, D = qv.shape
-    Hkv, Dv = kv.shape[2], vv.shape[3]
+    Sk, Hkv, Dv = kv.shape[1], kv.shape[2], vv.shape[3]
     lse, lse_ptr = T.lse_arg(lse, (B, H, Sq), qv)
     objs, grads = _grad_views(given, need, (qv, kv, vv))
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     seed = _backward_seed(seed, opts.dropout_p)
+    if mods:
+        mods = mods.fields(qv, B, H, Sq, Sk)
+    dsinks, dsinks_ptr = _dsinks(mods, qv, H)
     layer = (layer_for or _oneshot_layer)(cfg, qv)
-    _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed)
-    del lse  # a converted copy lived through the call
-    return tuple(objs)
+    _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed, mods=mods,
+                  dsinks=dsinks_ptr)
+    del lse, mods  # converted copies lived through the call
+    return tuple(objs) + ((dsinks,) if dsinks is not None else ())
 
 
 def _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, opts, seed, given=(None,) * 3, need=(True,) * 3,
-                     layer_for=None):
+                     layer_for=None, mods=_NO_MODS):
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     ov, gv = T.view(out, "out", 3), T.view(dout, "dout", 3)
     T.same_device(qv, kv, vv, ov, gv)
@@ -644,17 +661,21 @@ def _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     objs, grads = _grad_views(given, need, (qv, kv, vv))
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     seed = _backward_seed(seed, opts.dropout_p)
+    if mods:
+        mods = mods.fields(qv, nq - 1, H, None, None)
+    dsinks, dsinks_ptr = _dsinks(mods, qv, H)
     layer = (layer_for or _oneshot_layer)(cfg, qv)
     _run_backward(cfg, layer, (qv, kv, vv, ov, gv), lse_ptr, grads, seed,
-                  varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k))
-    del lse, cuq, cuk  # converted copies lived through the call
-    return tuple(objs)
+                  varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), mods=mods, dsinks=dsinks_ptr)
+    del lse, cuq, cuk, mods  # converted copies lived through the call
+    return tuple(objs) + ((dsinks,) if dsinks is not None else ())
 
 
 @T.returns_like()
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None,
                        window=(-1, -1), softcap=0.0, dropout_p=0.0, seed=None,
-                       deterministic=False, dq=None, dk=None, dv=None):
+                       deterministic=False, dq=None, dk=None, dv=None, attn_mask=None,
+                       alibi_slopes=None, sinks=None):
     """The gradients of attention(): (dq, dk, dv) of sum(dout * out).
 
     q, k, v and the options are the forward's; out and lse [B, H, Sq] float32
@@ -666,23 +687,29 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     device. With GQA/MQA dk and dv are summed over each KV head's query
     heads. The CPU computes in float32 and is deterministic; f16/bf16 CUDA
     tensors run the portable CUDA backward; FP8 inputs raise UnsupportedError.
+    attn_mask, alibi_slopes and sinks are the forward's (CPU); with sinks the
+    result is (dq, dk, dv, dsinks), dsinks [H] float32 the sinks' gradient.
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p,
                     deterministic=deterministic)
-    return _padded_backward(dout, q, k, v, out, lse, opts, seed, (dq, dk, dv))
+    return _padded_backward(dout, q, k, v, out, lse, opts, seed, (dq, dk, dv),
+                            mods=_Mods(attn_mask, alibi_slopes, sinks))
 
 
 @T.returns_like()
 def varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, *, causal=False, softmax_scale=None,
                               window=(-1, -1), softcap=0.0, dropout_p=0.0, seed=None,
-                              deterministic=False, dq=None, dk=None, dv=None):
+                              deterministic=False, dq=None, dk=None, dv=None, alibi_slopes=None,
+                              sinks=None):
     """attention_backward() for varlen_attention(): packed q, k, v, out, dout
-    [total, H, D], lse [H, total_q]. Tokens in no sequence get zero gradients."""
+    [total, H, D], lse [H, total_q]. Tokens in no sequence get zero gradients.
+    alibi_slopes and sinks as in attention_backward() (dsinks last)."""
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p,
                     deterministic=deterministic)
     return _packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, opts, seed, (dq, dk, dv))
+                            max_seqlen_k, opts, seed, (dq, dk, dv),
+                            mods=_Mods(None, alibi_slopes, sinks))
 
 
 @T.returns_like()
@@ -1080,13 +1107,16 @@ class Attention:
                        alibi_slopes, sinks)
 
     @T.returns_like(1)
-    def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None):
+    def backward(self, dout, q, k, v, out, lse, *, seed=None, dq=None, dk=None, dv=None,
+                 attn_mask=None, alibi_slopes=None, sinks=None):
         """The gradients (dq, dk, dv) of forward(q, k, v) for dout, the
         gradient of its out; out and lse are forward()'s (return_lse=True),
-        seed its dropout seed (required with dropout). As
-        attention_backward(), on this layer's libfmha layer."""
+        seed its dropout seed (required with dropout), the score modifiers
+        its own (dsinks last with sinks). As attention_backward(), on this
+        layer's libfmha layer."""
         return _padded_backward(dout, q, k, v, out, lse, self._opts, seed, (dq, dk, dv),
-                                layer_for=self._layer_for)
+                                layer_for=self._layer_for,
+                                mods=_Mods(attn_mask, alibi_slopes, sinks))
 
     @T.returns_like(1)
     def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

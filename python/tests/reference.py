@@ -104,12 +104,13 @@ def attention(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, d
 
 
 def attention_grads(q, k, v, dout, causal=False, scale=None, window=(-1, -1), softcap=0.0,
-                    dropout_p=0.0, seed=0, offset=0, seq_base=0):
+                    dropout_p=0.0, seed=0, offset=0, seq_base=0, bias=None, sinks=None):
     """The float64 gradients (dq, dk, dv) of sum(dout * out) for attention()'s
     out, written out from the chain rule: P the softmax, dP = dO V^T (times
     the dropout factors), D = rowsum(P * dP), dS = P (dP - D), through softcap
     times 1 - tanh^2, dQ = scale dS K, dK = scale dS^T Q and dV = P^T dO
-    (P dropped), each KV head summing its query heads."""
+    (P dropped), each KV head summing its query heads. bias and sinks as in
+    attention(); with sinks the result gains dsinks = -sum P_sink D per head."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     B, Sq, H, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -121,10 +122,17 @@ def attention_grads(q, k, v, dout, causal=False, scale=None, window=(-1, -1), so
     if softcap > 0:
         s = softcap * t
     vis = visible(Sq, Sk, causal, window)
-    s = np.where(vis, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True) if Sk else np.full((B, H, Sq, 1), -np.inf)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    z = s + np.asarray(bias, dtype=np.float64) if bias is not None else s
+    z = np.where(vis, z, -np.inf)
+    m = z.max(axis=-1, keepdims=True) if Sk else np.full((B, H, Sq, 1), -np.inf)
+    sink = None if sinks is None else np.asarray(sinks, np.float64)[None, :, None, None]
+    if sink is not None:
+        m = np.maximum(m, sink)
+    p = np.exp(z - np.where(np.isfinite(m), m, 0.0))
     l = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        l = l + np.exp(sink - np.where(np.isfinite(m), m, 0.0))
+    p_sink = None if sink is None else np.exp(sink - np.where(np.isfinite(m), m, 0.0)) / l
     p = p / np.where(l > 0, l, 1.0)
     f = np.ones_like(p)
     if dropout_p > 0:
@@ -142,6 +150,8 @@ def attention_grads(q, k, v, dout, causal=False, scale=None, window=(-1, -1), so
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kr)
     dk = np.einsum("bhqk,bqhd->bkhd", ds, q).reshape(B, Sk, Hkv, g, D).sum(axis=3)
     dv = np.einsum("bhqk,bqhd->bkhd", p * f, dout).reshape(B, Sk, Hkv, g, -1).sum(axis=3)
+    if sink is not None:
+        return dq, dk, dv, -(p_sink * dd).sum(axis=(0, 2, 3))
     return dq, dk, dv
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import fmha
 from fmha.flash_attn import flash_attn_func, flash_attn_with_kvcache
-from reference import BF16, DTYPES, assert_close, assert_lse, attention
+from reference import BF16, DTYPES, assert_close, assert_lse, attention, attention_grads
 
 B, SQ, SK, H, HKV, D = 2, 7, 23, 6, 2, 40
 
@@ -146,6 +146,60 @@ def test_decode_alibi_sinks():
         assert_close(np.asarray(got)[b:b + 1], want, "f32", "alibi, sequence %d" % b)
         want, _ = attention(q[b:b + 1], keys, vals, causal=True, bias=bias, sinks=sinks)
         assert_close(np.asarray(got2)[b:b + 1], want, "f32", "alibi + sinks, sequence %d" % b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward(causal):
+    rng = np.random.default_rng(21 + causal)
+    q, k, v = _inputs(rng)
+    dout = rng.standard_normal((B, SQ, H, D)).astype(np.float32)
+    mask = rng.random((B, 1, SQ, SK)) < 0.7
+    slopes = (0.3 * rng.random((B, H))).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    sinks[0] = -np.inf
+    kw = dict(causal=causal, attn_mask=mask, alibi_slopes=slopes, sinks=sinks)
+    out, lse = fmha.attention(q, k, v, return_lse=True, **kw)
+    dq, dk, dv, dsinks = fmha.attention_backward(dout, q, k, v, out, lse, **kw)
+    bias = np.where(mask, 0.0, -np.inf) + _alibi_bias(slopes, B, SQ, SK)
+    want = attention_grads(q, k, v, dout, causal=causal, bias=bias, sinks=sinks)
+    for name, got, ref in zip(("dq", "dk", "dv", "dsinks"), (dq, dk, dv, dsinks), want):
+        assert_close(got, ref, "f32", name)
+    assert dsinks[0] == 0.0
+    # without sinks: three gradients, as before
+    assert len(fmha.attention_backward(dout, q, k, v, out, lse, causal=causal)) == 3
+    # the layer's backward: the same numbers
+    layer = fmha.Attention(H, D, num_kv_heads=HKV, causal=causal)
+    again = layer.backward(dout, q, k, v, out, lse, attn_mask=mask, alibi_slopes=slopes,
+                           sinks=sinks)
+    for a, b in zip(again, (dq, dk, dv, dsinks)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_varlen_backward():
+    rng = np.random.default_rng(9)
+    lens_q, lens_k = [4, 7], [10, 6]
+    cu_q = np.array([0, 4, 11], np.int32)
+    cu_k = np.array([0, 10, 16], np.int32)
+    q = rng.standard_normal((11, H, D)).astype(np.float32)
+    k = rng.standard_normal((16, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((16, HKV, D)).astype(np.float32)
+    dout = rng.standard_normal((11, H, D)).astype(np.float32)
+    slopes = (0.3 * rng.random(H)).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    out, lse = fmha.varlen_attention(q, k, v, cu_q, cu_k, 0, 0, alibi_slopes=slopes, sinks=sinks,
+                                     return_lse=True)
+    dq, dk, dv, dsinks = fmha.varlen_attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, 0, 0,
+                                                        alibi_slopes=slopes, sinks=sinks)
+    total = np.zeros(H)
+    for b in range(2):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        want = attention_grads(q[None, qs], k[None, ks], v[None, ks], dout[None, qs],
+                               bias=_alibi_bias(slopes, 1, lens_q[b], lens_k[b]), sinks=sinks)
+        assert_close(np.asarray(dq)[qs], want[0][0], "f32", "dq %d" % b)
+        assert_close(np.asarray(dk)[ks], want[1][0], "f32", "dk %d" % b)
+        assert_close(np.asarray(dv)[ks], want[2][0], "f32", "dv %d" % b)
+        total += want[3]
+    assert_close(dsinks, total, "f32", "dsinks")
 
 
 def test_layer():

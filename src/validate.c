@@ -262,6 +262,20 @@ static fmha_status check_score_mods(const fmha_config *cfg, const fmha_forward_a
             return INVALID("mask strides (%lld, %lld, %lld, %lld) must be >= 0 (0 broadcasts)",
                            (long long)m->stride_batch, (long long)m->stride_head,
                            (long long)m->stride_q, (long long)m->stride_k);
+        /* the last element's index, and its byte, must be int64 */
+        const int64_t dims[4] = {pb->batch, pb->heads, pb->max_sq, pb->max_sk};
+        const int64_t strides[4] = {m->stride_batch, m->stride_head, m->stride_q, m->stride_k};
+        int64_t extent = 0, span;
+        for (int i = 0; i < 4; i++)
+            if (dims[i] > 0 && (mul_overflows(dims[i] - 1, strides[i], &span) ||
+                                add_overflows(extent, span, &extent)))
+                return INVALID("mask spans more than 2^63 elements (strides %lld, %lld, %lld, "
+                               "%lld): its strides are too large for its [%lld, %lld, %lld, %lld]",
+                               (long long)m->stride_batch, (long long)m->stride_head,
+                               (long long)m->stride_q, (long long)m->stride_k, (long long)dims[0],
+                               (long long)dims[1], (long long)dims[2], (long long)dims[3]);
+        if (mul_overflows(extent + 1, 4, &span))
+            return INVALID("mask's byte size overflows int64 (strides too large)");
     }
     if (a->sinks && cfg->fp8_compute != FMHA_FP8_COMPUTE_OFF &&
         (cfg->fp8_smooth_k || cfg->fp8_compute == FMHA_FP8_COMPUTE_INT8_QK))

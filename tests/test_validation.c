@@ -1373,11 +1373,13 @@ static void test_score_mods(void)
     fixture f;
     struct {
         const char *what, *phrase;
-        int field; /* 0 mask type, 1 mask stride, 2 alibi stride, 3 slope, 4 sink NaN, 5 sink +inf */
+        int field; /* 0 mask type, 1 mask stride, 2 alibi stride, 3 slope, 4 sink NaN, 5 sink
+                      +inf, 6 a mask stride that overflows */
     } cases[] = {
         {"mask.type 9", "mask.type (9) is not a fmha_mask_type value", 0},
         {"mask.stride_q -1", "mask strides (0, 0, -1, 1) must be >= 0", 1},
         {"alibi_stride_batch -4", "alibi_stride_batch (-4) must be >= 0", 2},
+        {"mask.stride_q huge", "mask spans more than 2^63 elements", 6},
         {"alibi slope inf", "alibi_slopes[6] (inf) must be finite", 3},
         {"sink NaN", "sinks[2] (nan) must be finite or -inf", 4},
         {"sink +inf", "sinks[3] (inf) must be finite or -inf", 5},
@@ -1405,6 +1407,7 @@ static void test_score_mods(void)
             sinks[3] = INFINITY;
             f.a.sinks = sinks;
             break;
+        case 6: f.a.mask = (fmha_attn_mask){keep, FMHA_MASK_BOOL, 0, 0, INT64_MAX / 2, 1}; break;
         }
         expect(cases[i].what, &f, INVALID, cases[i].phrase, AT_FORWARD, REF_CHECK);
         slopes[6] = 0.25f;

@@ -228,15 +228,16 @@ _MASK_TYPES = {"bool": MASK_BOOL, "float32": MASK_ADD_F32, "float16": MASK_ADD_F
 def _mask_arg(mask, qv, shape):
     """attn_mask (torch SDPA's: boolean, True = attend, or additive float,
     broadcastable to shape = [B, H, Sq, Sk]) as (object, _lib.AttnMask): made
-    4-d, contiguous in q's memory (bool, float32, float16 or bfloat16; other
-    dtypes as float32), size-1 dims broadcast by stride 0."""
+    4-d, in q's memory, as bool, float32, float16 or bfloat16 (other dtypes
+    become float32 copies). Strides are kept (an expanded or broadcast mask
+    is read where it is, not copied); size-1 dims broadcast by stride 0."""
     if T.is_torch(mask):
         torch = T._torch()
         t = mask.detach()
         if t.dtype not in (torch.bool, torch.float32, torch.float16, torch.bfloat16):
             t = t.float()
         dev = qv.obj.device if qv.family == "torch" else torch.device("cpu")
-        t = t.to(device=dev).contiguous()
+        t = t.to(device=dev)
         kind = str(t.dtype).replace("torch.", "")
         dims, strides = tuple(t.shape), tuple(t.stride())
         obj, ptr = t, t.data_ptr()
@@ -244,11 +245,12 @@ def _mask_arg(mask, qv, shape):
         a = np.asarray(mask)
         if a.dtype.name not in _MASK_TYPES:
             a = a.astype(np.float32)
-        a = np.ascontiguousarray(a)
+        if any(st < 0 or st % a.dtype.itemsize for st in a.strides):
+            a = np.ascontiguousarray(a)  # reversed or unaligned views: a copy
         if qv.device != "cpu":  # into q's device memory
-            return _mask_arg(T._torch().from_numpy(a), qv, shape)
+            return _mask_arg(T._torch().from_numpy(np.ascontiguousarray(a)), qv, shape)
         kind = a.dtype.name
-        dims, strides = a.shape, tuple(s // a.dtype.itemsize for s in a.strides)
+        dims, strides = a.shape, tuple(st // a.dtype.itemsize for st in a.strides)
         obj, ptr = a, a.ctypes.data
     if len(dims) > 4 or len(dims) < 2:
         raise ValueError("attn_mask must be 2-d to 4-d, broadcastable to [batch, heads, seqlen_q, "
@@ -263,7 +265,7 @@ def _mask_arg(mask, qv, shape):
     m = _lib.AttnMask()
     m.data, m.type = ptr, _MASK_TYPES[kind]
     (m.stride_batch, m.stride_head, m.stride_q,
-     m.stride_k) = (0 if n == 1 else s for n, s in zip(dims, strides))
+     m.stride_k) = (0 if n == 1 else st for n, st in zip(dims, strides))
     return obj, m
 
 

@@ -81,6 +81,28 @@ def test_alibi(per_sequence, causal):
     assert np.array_equal(np.asarray(fa), np.asarray(got))
 
 
+def test_mask_views():
+    """Broadcast, transposed and strided masks are read in place: the same
+    answer as their contiguous copies."""
+    rng = np.random.default_rng(17)
+    q, k, v = _inputs(rng)
+    base = rng.random((SK, SQ)) < 0.7
+    views = [np.broadcast_to(base.T, (B, H, SQ, SK)),    # stride 0 over batch and heads
+             base.T,                                       # transposed: stride_k = SQ
+             np.repeat(base.T, 2, axis=1)[:, ::2]]         # a step of 2 along the keys
+    want = fmha.attention(q, k, v, attn_mask=np.ascontiguousarray(base.T))
+    for m in views:
+        assert np.array_equal(np.asarray(fmha.attention(q, k, v, attn_mask=m)), np.asarray(want))
+    bias = (1.5 * rng.standard_normal((SQ, SK))).astype(np.float32)
+    want = fmha.attention(q, k, v, attn_mask=bias)
+    got = fmha.attention(q, k, v, attn_mask=bias[::-1][::-1])  # a view of the same array
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    flipped = np.flip(np.flip(bias, 1).copy(), 1)  # bias's values, a negative key stride
+    assert flipped.strides[1] < 0
+    got = fmha.attention(q, k, v, attn_mask=flipped)  # copied first
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_sinks_softcap_all():
     rng = np.random.default_rng(11)
     q, k, v = _inputs(rng)

@@ -385,17 +385,28 @@ def _out_view(out, q, shape):
     return out, ov
 
 
-def _answer_empty(cfg, q, out, lse, layer_for):
+def _answer_empty(cfg, q, out, lse, layer_for, sinks=None):
     """libfmha takes positive sizes only: an empty problem (no batch, no
     queries or no keys) is answered here, after the same configuration check,
-    with libfmha's convention for a row that sees no key: out 0, lse -inf."""
+    with libfmha's convention for a row that sees no key: out 0, lse -inf, or
+    with sinks [H] the row's sink (lse's head axis is -2)."""
     if layer_for:
         layer_for(cfg, q)
     else:
         _lib.kernel_select(cfg)
     T.fill(out.obj, 0)
-    if lse is not None:
-        T.fill(lse, -np.inf)
+    if lse is None:
+        return
+    T.fill(lse, -np.inf)
+    if sinks is not None and lse.shape[-1] > 0 and lse.shape[-2] > 0:
+        s = np.asarray(sinks.detach().float().cpu() if T.is_torch(sinks) else sinks, np.float32)
+        if s.shape != (lse.shape[-2],) or np.isnan(s).any() or (s == np.inf).any():
+            raise ValueError("sinks must be [num_heads] = [%d] logits, finite or -inf"
+                             % lse.shape[-2])
+        if T.is_torch(lse):
+            lse.copy_(T._torch().from_numpy(s)[:, None].expand(lse.shape))
+        else:
+            lse[...] = s[:, None]
 
 
 # ------------------------------------------------------------------ torch tensors
@@ -493,7 +504,7 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
         if kv.shape[0] != B or vv.shape[0] != B or vv.shape[1] != Sk:
             raise ValueError("batch or seqlen differ: q %s, k %s, v %s"
                              % (list(qv.shape), list(kv.shape), list(vv.shape)))
-        _answer_empty(cfg, qv, ov, lse, layer_for)
+        _answer_empty(cfg, qv, ov, lse, layer_for, mods.given[2])
     else:
         if mods:
             mods = mods.fields(qv, B, H, Sq, Sk)
@@ -539,7 +550,7 @@ def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     seed = _dropout_seed(seed, opts.dropout_p)
     if Tq == 0 or Tk == 0:
-        _answer_empty(cfg, qv, ov, lse, layer_for)
+        _answer_empty(cfg, qv, ov, lse, layer_for, mods.given[2])
     else:
         if mods:
             mods = mods.fields(qv, nq - 1, H, None, None)

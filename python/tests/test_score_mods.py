@@ -122,6 +122,21 @@ def test_sinks_softcap_all():
     assert np.all(np.isneginf(np.asarray(lse)[:, -1, 2]))
 
 
+def test_no_keys_sinks():
+    """Without keys a row's LSE is its sink (-inf for none), out 0: as libfmha."""
+    rng = np.random.default_rng(1)
+    q, k, v = _inputs(rng, sk=0)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    sinks[1] = -np.inf
+    out, lse = fmha.attention(q, k, v, sinks=sinks, return_lse=True)
+    assert np.all(np.asarray(out) == 0)
+    assert np.array_equal(np.asarray(lse), np.broadcast_to(sinks[None, :, None], (B, H, SQ)))
+    cu = np.array([0, SQ], np.int32)
+    out, lse = fmha.varlen_attention(q[0], k[0], v[0], cu, np.array([0, 0], np.int32), 0, 0,
+                                     sinks=sinks, return_lse=True)
+    assert np.array_equal(np.asarray(lse), np.broadcast_to(sinks[:, None], (H, SQ)))
+
+
 def test_varlen_alibi_sinks():
     rng = np.random.default_rng(5)
     lens_q, lens_k = [3, 0, 6], [9, 4, 12]

@@ -62,13 +62,16 @@ typedef struct fmha_cpu_task {
     const int64_t *row_pos, *row_head; /* [rows] */
 } fmha_cpu_task;
 
-/* Adds the score modifiers' bias (fmha_forward_args: the mask, and ALiBi
- * where `alibi`) of query i of head h of sequence b (sq queries, sk keys)
- * at keys [j0, j0 + n) to dst[c * step], times `unit` (the tile's units per
- * unit of score); a key a boolean mask hides gets -inf. Forward and backward
- * tiles alike. */
-void fmha_cpu_bias(const fmha_problem *pb, int64_t b, int64_t h, int64_t i, int64_t sq, int64_t sk,
-                   int64_t j0, int n, float unit, float *dst, int64_t step, int alibi);
+/* The score modifiers' bias (fmha_forward_args: mask, ALiBi) of a tile's
+ * rows [ia, ib) at keys [j0, j0 + nj): row i is query pos[i] of head
+ * head[i] of sequence b (sq queries, sk keys), and its score for key j0 + c
+ * sits at st[i * row_step + c * key_step], in the tile's units: `unit` per
+ * unit of score (fmha_cpu_bias_unit; 0: no bias). Added there, or -inf where
+ * a boolean mask hides the key. Forward and backward tiles alike. */
+float fmha_cpu_bias_unit(const fmha_problem *pb);
+void fmha_cpu_add_bias(const fmha_problem *pb, int64_t b, int64_t sq, int64_t sk,
+                       const int64_t *head, const int64_t *pos, int ia, int ib, int64_t j0, int nj,
+                       float unit, float *st, int64_t row_step, int64_t key_step);
 
 /* Micro-kernels of one ISA. A task calls pack_q once; then for each block of
  * nj <= FMHA_CPU_BC keys load_k, qk, softcap (if on), softmax, load_v,

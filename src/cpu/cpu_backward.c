@@ -193,6 +193,9 @@ static void dq_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t h, int
     fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
     const int64_t tb = pb->varlen ? 0 : b, hk = h / pb->group, i0 = tile * BR;
     const int rows = (int)(sq - i0 < BR ? sq - i0 : BR);
+    int64_t heads[BR], rpos[BR]; /* each row's head and position, for the score bias */
+    for (int r = 0; r < rows; r++)
+        heads[r] = h, rpos[r] = i0 + r;
     for (int r = 0; r < BR; r++) { /* lanes past the rows: P = 0, D = 0 */
         s->lse[r] = INFINITY;
         s->D[r] = 0.0f;
@@ -227,8 +230,9 @@ static void dq_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t h, int
         ops->load_rows(&a->k, tb, k0 + j0, hk, nj, pb->d, c->dkp, s->xb);
         ops->qk(s->xb, c->dkp, nj, nq, s->at + qv, pb->d, st);
         softcap_keep(c, s, nj, qv, nq);
-        for (int i = qv; c->bias_unit != 0.0f && i < ib; i++)
-            fmha_cpu_bias(pb, b, h, i0 + i, sq, sk, j0, nj, c->bias_unit, s->st + i, BR, 1);
+        if (c->bias_unit != 0.0f) /* st is [key][row] */
+            fmha_cpu_add_bias(pb, b, sq, sk, heads, rpos, qv, ib, j0, nj, c->bias_unit, s->st, 1,
+                              BR);
         const int edge = !(lo_last <= j0 && j0 + nj <= hi_first);
         if (edge)
             mask_lanes(s, j0, nj, qv, ib, -INFINITY);
@@ -300,6 +304,7 @@ static void dkv_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t hk, i
     fmha_seq_bounds(pb, b, &q0, &sq, &k0, &sk);
     const int64_t tb = pb->varlen ? 0 : b, j0 = tile * BR;
     const int nk = (int)(sk - j0 < BR ? sk - j0 : BR), nl = (int)round_up(nk, NQ);
+    int64_t heads[BC], rpos[BC]; /* each row's head and position, for the score bias */
     ops->pack_rows_t(&a->k, tb, k0 + j0, hk, nk, pb->d, s->at, s->xb);
     ops->pack_rows_t(&a->v, tb, k0 + j0, hk, nk, pb->dv, s->bt, s->yb);
     memset(s->acc_x, 0, sizeof(float) * BR * (size_t)c->dkp);
@@ -320,8 +325,12 @@ static void dkv_task(const bwd_call *c, bwd_scratch *s, int64_t b, int64_t hk, i
             ops->load_rows(&a->dout, tb, q0 + i0, h, nr, pb->dv, c->dvp, s->yb);
             ops->qk(s->xb, c->dkp, nr, nl, s->at, pb->d, s->st);
             softcap_keep(c, s, nr, 0, nl);
-            for (int r = 0; c->bias_unit != 0.0f && r < nr; r++)
-                fmha_cpu_bias(pb, b, h, i0 + r, sq, sk, j0, nk, c->bias_unit, s->st + r * BR, 1, 1);
+            if (c->bias_unit != 0.0f) { /* st is [row][key] */
+                for (int r = 0; r < nr; r++)
+                    heads[r] = h, rpos[r] = i0 + r;
+                fmha_cpu_add_bias(pb, b, sq, sk, heads, rpos, 0, nr, j0, nk, c->bias_unit, s->st,
+                                  BR, 1);
+            }
             ops->exp_rows(s->st, nr, nl, c->exp_scale, s->lse);
             if (!full)
                 mask_rows(s, nr, j0, nk);
@@ -423,9 +432,7 @@ fmha_status fmha_cpu_backward(const fmha_problem *pb, const fmha_kernel_info *ke
                   .dkp = round_up(pb->d, ops->lanes),
                   .dvp = round_up(pb->dv, ops->lanes),
                   .exp_scale = pb->cfg->softcap > 0 ? 1.0f : (float)(pb->scale * LOG2E),
-                  .bias_unit = !pb->args->mask.data && !pb->args->alibi_slopes ? 0.0f
-                               : pb->cfg->softcap > 0                          ? (float)LOG2E
-                                                      : (float)(1.0 / pb->scale),
+                  .bias_unit = fmha_cpu_bias_unit(pb),
                   .want_dk = a->dk.data != NULL,
                   .want_dv = a->dv.data != NULL};
     bwd_scratch unused;

@@ -248,87 +248,62 @@ static void mask_edges(task_scratch *s, int64_t j0, int nj, int ia, int ib)
     }
 }
 
-void fmha_cpu_bias(const fmha_problem *pb, int64_t b, int64_t h, int64_t i, int64_t sq, int64_t sk,
-                   int64_t j0, int n, float unit, float *dst, int64_t step, int alibi)
+float fmha_cpu_bias_unit(const fmha_problem *pb)
+{
+    if (!pb->args->mask.data && !pb->args->alibi_slopes)
+        return 0.0f;
+    return pb->cfg->softcap > 0 ? 1.4426950408889634f : (float)(1.0 / pb->scale);
+}
+
+/* fmha_cpu_add_bias with its steps constants where it is inlined (row_step
+ * 1: the inner loops run over adjacent floats and vectorise). */
+static inline __attribute__((always_inline)) void
+add_bias_steps(const fmha_problem *pb, int64_t b, int64_t sq, int64_t sk, const int64_t *head,
+               const int64_t *pos, int ia, int ib, int64_t j0, int nj, float unit, float *st,
+               const int64_t row_step, const int64_t key_step)
 {
     const fmha_forward_args *a = pb->args;
     const fmha_attn_mask *m = &a->mask;
-    if (alibi && a->alibi_slopes) {
-        const float k = -a->alibi_slopes[b * a->alibi_stride_batch + h] * unit;
-        const int64_t diag = i + sk - sq;
-        for (int c = 0; c < n; c++) {
-            const int64_t dist = diag - (j0 + c);
-            dst[c * step] += k * (float)(dist < 0 ? -dist : dist);
-        }
-    }
-    if (!m->data)
-        return;
-    const int64_t e0 = b * m->stride_batch + h * m->stride_head + i * m->stride_q, sj = m->stride_k;
-    if (m->type == FMHA_MASK_BOOL) {
-        const uint8_t *keep = m->data;
-        for (int c = 0; c < n; c++)
-            if (!keep[e0 + (j0 + c) * sj])
-                dst[c * step] = -INFINITY;
-        return;
-    }
-    const fmha_dtype dt = fmha_mask_dtype(m->type);
-    for (int c = 0; c < n; c++)
-        dst[c * step] += unit * fmha_load_f32(m->data, dt, e0 + (j0 + c) * sj);
-}
-
-/* The score modifiers of rows [ia, ib) at keys [j0, j0 + nj) into st (in
- * its units: `unit` per unit of score), key by key over the rows, which lie
- * side by side in st (loops that vectorise; ALiBi's distances in f32, exact
- * below 2^24 keys, past which fmha_cpu_bias takes every modifier row by
- * row). */
-static void add_bias(const fmha_cpu_task *tk, task_scratch *s, int64_t j0, int nj, int ia, int ib,
-                     float unit)
-{
-    const fmha_forward_args *a = tk->pb->args;
-    const int by_keys = a->alibi_slopes && tk->sk < ((int64_t)1 << 24);
-    if (by_keys) {
-        float slope[BR], diag[BR]; /* -slope x unit; the row's diagonal less j0 */
+    if (a->alibi_slopes) {         /* key by key over the rows: -slope x unit x |diagonal - key| */
+        float slope[BR], diag[BR]; /* diag: f32, past 2^24 keys rounded as the bias would be */
         for (int i = ia; i < ib; i++) {
-            slope[i] = -a->alibi_slopes[tk->b * a->alibi_stride_batch + s->row_head[i]] * unit;
-            diag[i] = (float)(s->row_pos[i] + tk->sk - tk->sq - j0);
+            slope[i] = -a->alibi_slopes[b * a->alibi_stride_batch + head[i]] * unit;
+            diag[i] = (float)(pos[i] + sk - sq - j0);
         }
         for (int c = 0; c < nj; c++) {
-            float *row = s->st + c * BR;
+            float *x = st + c * key_step;
             for (int i = ia; i < ib; i++)
-                row[i] += slope[i] * fabsf(diag[i] - (float)c);
+                x[i * row_step] += slope[i] * fabsf(diag[i] - (float)c);
         }
-    }
-    const fmha_attn_mask *m = &a->mask;
-    if (!by_keys) { /* row by row, every modifier */
-        for (int i = ia; i < ib; i++)
-            fmha_cpu_bias(tk->pb, tk->b, s->row_head[i], s->row_pos[i], tk->sq, tk->sk, j0, nj,
-                          unit, s->st + i, BR, 1);
-        return;
     }
     if (!m->data)
         return;
-    /* the mask key by key too: each row's elements at e[i] + j stride_k */
-    int64_t e[BR];
-    for (int i = ia; i < ib; i++)
-        e[i] = tk->b * m->stride_batch + s->row_head[i] * m->stride_head +
-               s->row_pos[i] * m->stride_q + j0 * m->stride_k;
+    /* the mask row by row: a row's elements lie along the keys (stride_k) */
     const fmha_dtype dt = fmha_mask_dtype(m->type);
-    for (int c = 0; c < nj; c++) {
-        float *row = s->st + c * BR;
-        const int64_t jc = c * m->stride_k;
+    const int64_t sj = m->stride_k;
+    for (int i = ia; i < ib; i++) {
+        const int64_t e =
+            b * m->stride_batch + head[i] * m->stride_head + pos[i] * m->stride_q + j0 * sj;
+        float *x = st + i * row_step;
         if (m->type == FMHA_MASK_BOOL) {
-            const uint8_t *keep = m->data;
-            for (int i = ia; i < ib; i++)
-                row[i] = keep[e[i] + jc] ? row[i] : -INFINITY;
-        } else if (dt == FMHA_DTYPE_F32) {
-            const float *add = m->data;
-            for (int i = ia; i < ib; i++)
-                row[i] += unit * add[e[i] + jc];
+            const uint8_t *keep = (const uint8_t *)m->data + e;
+            for (int c = 0; c < nj; c++)
+                x[c * key_step] = keep[c * sj] ? x[c * key_step] : -INFINITY;
         } else {
-            for (int i = ia; i < ib; i++)
-                row[i] += unit * fmha_load_f32(m->data, dt, e[i] + jc);
+            for (int c = 0; c < nj; c++)
+                x[c * key_step] += unit * fmha_load_f32(m->data, dt, e + c * sj);
         }
     }
+}
+
+void fmha_cpu_add_bias(const fmha_problem *pb, int64_t b, int64_t sq, int64_t sk,
+                       const int64_t *head, const int64_t *pos, int ia, int ib, int64_t j0, int nj,
+                       float unit, float *st, int64_t row_step, int64_t key_step)
+{
+    if (row_step == 1 && key_step == BR) /* the forward's and dq's [key][row] tiles */
+        add_bias_steps(pb, b, sq, sk, head, pos, ia, ib, j0, nj, unit, st, 1, BR);
+    else
+        add_bias_steps(pb, b, sq, sk, head, pos, ia, ib, j0, nj, unit, st, row_step, key_step);
 }
 
 /* The sinks (fmha_forward_args) into the softmax state of the slot's `rows`
@@ -424,8 +399,9 @@ static void run_block(const fmha_cpu_ops *ops, const fmha_cpu_task *tk, task_scr
     }
     if (pb->cfg->softcap > 0)
         ops->softcap(st, nj, nq, (float)pb->scale, (float)pb->cfg->softcap);
-    if (bias_unit != 0.0f)
-        add_bias(tk, s, j0, nj, qv, ib, bias_unit);
+    if (bias_unit != 0.0f) /* st is [key][row] */
+        fmha_cpu_add_bias(pb, tk->b, tk->sq, tk->sk, s->row_head, s->row_pos, qv, ib, j0, nj,
+                          bias_unit, s->st, 1, BR);
     if (!full)
         mask_edges(s, j0, nj, qv, ib);
     ops->softmax(st, nj, nq, scale, m, l, alpha);
@@ -480,11 +456,7 @@ static void run_task(const fmha_cpu_ops *ops, fmha_cpu_task *tk, task_scratch *s
     const int slots = task_begin(tk, s, L, b, g, t, ka, kb);
     const int rows = tk->slot_rows, width = tk->rows / slots;
     const float scale = cfg->softcap > 0 ? 1.0f : (float)(pb->scale * 1.4426950408889634);
-    /* st holds scores over `scale` (log2 domain once scaled): a bias of x
-     * enters st as x times this; 0 = no mask and no ALiBi */
-    const float bias_unit = !pb->args->mask.data && !pb->args->alibi_slopes ? 0.0f
-                            : cfg->softcap > 0                              ? 1.4426950408889634f
-                                               : (float)(1.0 / pb->scale);
+    const float bias_unit = fmha_cpu_bias_unit(pb);
 
     /* Decode slots of fewer rows than a vector step take the row products
      * (the Q^T tile then holds the rows themselves: pack_q_rows); FP8 caches

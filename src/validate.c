@@ -91,6 +91,19 @@ static int add_overflows(int64_t a, int64_t b, int64_t *r)
     return __builtin_add_overflow(a, b, r);
 }
 
+/* Adds (dims[i] - 1) x strides[i] for i < n to *extent (dims of 0 add
+ * nothing); returns the first i where that overflows int64, or -1. */
+static int span_overflows(const int64_t *dims, const int64_t *strides, int n, int64_t *extent)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t span;
+        if (dims[i] > 0 &&
+            (mul_overflows(dims[i] - 1, strides[i], &span) || add_overflows(*extent, span, extent)))
+            return i;
+    }
+    return -1;
+}
+
 /* A view's own consistency; `may_be_empty`: batch and seqlen may be 0 (a
  * forward call's views, which then hold no element and may have no data). */
 static fmha_status check_tensor(const fmha_tensor *t, const char *name, int may_be_empty)
@@ -115,17 +128,15 @@ static fmha_status check_tensor(const fmha_tensor *t, const char *name, int may_
                        name, (long long)t->stride_dim);
     const int64_t strides[3] = {t->stride_batch, t->stride_seq, t->stride_head};
     const char *stride_names[3] = {"stride_batch", "stride_seq", "stride_head"};
-    int64_t extent = t->head_dim;
-    for (int i = 0; i < 3; i++) {
-        int64_t span;
+    for (int i = 0; i < 3; i++)
         if (strides[i] < 0)
             return INVALID("%s.%s (%lld) must be >= 0", name, stride_names[i],
                            (long long)strides[i]);
-        if (mul_overflows(dims[i] - 1, strides[i], &span) || add_overflows(extent, span, &extent))
-            return INVALID("%s spans more than 2^63 elements (%s %lld x %s %lld overflows)", name,
-                           dim_names[i], (long long)dims[i], stride_names[i],
-                           (long long)strides[i]);
-    }
+    int64_t extent = t->head_dim;
+    const int i = span_overflows(dims, strides, 3, &extent);
+    if (i >= 0)
+        return INVALID("%s spans more than 2^63 elements (%s %lld x %s %lld overflows)", name,
+                       dim_names[i], (long long)dims[i], stride_names[i], (long long)strides[i]);
     int64_t bytes;
     if (mul_overflows(extent, (int64_t)fmha_dtype_size(t->dtype), &bytes))
         return INVALID("%s spans %lld elements: the byte size overflows int64", name,
@@ -266,14 +277,12 @@ static fmha_status check_score_mods(const fmha_config *cfg, const fmha_forward_a
         const int64_t dims[4] = {pb->batch, pb->heads, pb->max_sq, pb->max_sk};
         const int64_t strides[4] = {m->stride_batch, m->stride_head, m->stride_q, m->stride_k};
         int64_t extent = 0, span;
-        for (int i = 0; i < 4; i++)
-            if (dims[i] > 0 && (mul_overflows(dims[i] - 1, strides[i], &span) ||
-                                add_overflows(extent, span, &extent)))
-                return INVALID("mask spans more than 2^63 elements (strides %lld, %lld, %lld, "
-                               "%lld): its strides are too large for its [%lld, %lld, %lld, %lld]",
-                               (long long)m->stride_batch, (long long)m->stride_head,
-                               (long long)m->stride_q, (long long)m->stride_k, (long long)dims[0],
-                               (long long)dims[1], (long long)dims[2], (long long)dims[3]);
+        if (span_overflows(dims, strides, 4, &extent) >= 0)
+            return INVALID("mask spans more than 2^63 elements (strides %lld, %lld, %lld, "
+                           "%lld): its strides are too large for its [%lld, %lld, %lld, %lld]",
+                           (long long)m->stride_batch, (long long)m->stride_head,
+                           (long long)m->stride_q, (long long)m->stride_k, (long long)dims[0],
+                           (long long)dims[1], (long long)dims[2], (long long)dims[3]);
         if (mul_overflows(extent + 1, 4, &span))
             return INVALID("mask's byte size overflows int64 (strides too large)");
     }

@@ -923,8 +923,7 @@ def _decode(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, ca
     a.max_seqlen_k = 0 if max_seqlen_k is None else T.int64(max_seqlen_k, "max_seqlen_k")
     mods = _Mods(None, alibi_slopes, sinks)
     if mods:
-        mods.fields(qv, B, H, None, None)
-        a.alibi_slopes, a.alibi_stride_batch, a.sinks = mods.slopes, mods.stride, mods.sinks
+        mods.fields(qv, B, H, None, None).apply(a)
         keep += mods.keep
     cfg = opts.config(H, Hkv, D, Dv, qv.dtype, _device_code(qv))
     with _cuda_context(qv) as stream:

@@ -51,7 +51,9 @@ int tu_gaps_untouched(const tu_tensor *x, unsigned char poison);
 int tu_naive_forward(const fmha_config *cfg, const fmha_forward_args *a);
 /* The score modifiers' bias (fmha_forward_args: mask, ALiBi) at query i,
  * key j of sequence b, head h, in f32: -inf where a boolean mask hides it.
- * The naive forward and backward add it (and count the sinks). */
+ * The naive forward and backward add it (and count the sinks). Written apart
+ * from the reference's score_bias on purpose: the yardstick must not share
+ * its mistakes. */
 float tu_score_bias(const fmha_forward_args *a, int64_t b, int64_t h, int64_t i, int64_t j,
                     int64_t sq, int64_t sk);
 /* The backward in f32 arithmetic from the out and lse given, one row at a

@@ -91,14 +91,13 @@ static int add_overflows(int64_t a, int64_t b, int64_t *r)
     return __builtin_add_overflow(a, b, r);
 }
 
-/* Adds (dims[i] - 1) x strides[i] for i < n to *extent (dims of 0 add
- * nothing); returns the first i where that overflows int64, or -1. */
+/* Adds (dims[i] - 1) x strides[i] for i < n to *extent; returns the first
+ * i where that overflows int64, or -1. */
 static int span_overflows(const int64_t *dims, const int64_t *strides, int n, int64_t *extent)
 {
     for (int i = 0; i < n; i++) {
         int64_t span;
-        if (dims[i] > 0 &&
-            (mul_overflows(dims[i] - 1, strides[i], &span) || add_overflows(*extent, span, extent)))
+        if (mul_overflows(dims[i] - 1, strides[i], &span) || add_overflows(*extent, span, extent))
             return i;
     }
     return -1;

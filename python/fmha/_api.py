@@ -451,10 +451,6 @@ def _refuse_grad(out, descales, *arrays, mods=_NO_MODS):
     """A call that autograd would record but that cannot run as a torch op."""
     if not T.needs_grad(*arrays, *mods.given):
         return
-    if mods:
-        raise NotImplementedError("attn_mask, alibi_slopes and sinks run without autograd for "
-                                  "now (libfmha's CPU backward takes them: "
-                                  "fmha_backward_args); call fmha under torch.no_grad()")
     if out is not None:
         raise ValueError("out= cannot be written in place by a call that autograd records "
                          "(inputs that require grad): leave out=None")
@@ -463,6 +459,16 @@ def _refuse_grad(out, descales, *arrays, mods=_NO_MODS):
                                   "torch.no_grad() or pass detached tensors")
     raise NotImplementedError("fmha's backward through torch needs torch >= 2.4 "
                               "(torch.library.custom_op); call fmha under torch.no_grad()")
+
+
+def _refuse_mod_grads(mods):
+    """Of the score modifiers only sinks have a gradient (dsinks): a mask or
+    slopes that autograd would differentiate are refused, not silently
+    treated as constants."""
+    for name, x in zip(("attn_mask", "alibi_slopes"), mods.given[:2]):
+        if T.needs_grad(x):
+            raise NotImplementedError("fmha computes no gradient for %s: pass %s.detach() (sinks "
+                                      "and q, k, v get gradients)" % (name, name))
 
 
 # Attention layers that torch ops run on, by the key the ops carry (an op's
@@ -478,9 +484,10 @@ def _layer_key(layer_for):
 def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3,
             mods=_NO_MODS):
     return_lse = T.flag(return_lse, "return_lse")
-    ops = None if mods else _ops_for(q, out, descales)
+    ops = _ops_for(q, out, descales)
     if ops is not None:
-        out, lse = ops.padded(q, k, v, opts, seed, _layer_key(layer_for))
+        _refuse_mod_grads(mods)
+        out, lse = ops.padded(q, k, v, opts, seed, _layer_key(layer_for), mods)
         return (out, lse) if return_lse else out
     _refuse_grad(out, descales, q, k, v, mods=mods)
     return _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for, descales, mods)
@@ -517,10 +524,11 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
             return_lse, seed, layer_for=None, descales=(None,) * 3, mods=_NO_MODS):
     return_lse = T.flag(return_lse, "return_lse")
-    ops = None if mods else _ops_for(q, out, descales)
+    ops = _ops_for(q, out, descales)
     if ops is not None:
+        _refuse_mod_grads(mods)
         out, lse = ops.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              opts, seed, _layer_key(layer_for))
+                              opts, seed, _layer_key(layer_for), mods)
         return (out, lse) if return_lse else out
     _refuse_grad(out, descales, q, k, v, mods=mods)
     return _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts,
@@ -765,7 +773,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     [B, H] float32, adding -slope * |i + Sk - Sq - j| (flash-attn's ALiBi);
     sinks [H] float32, one logit per head in every row's softmax for a key
     of value 0 (lse counts it). A row whose every key is hidden gets out 0
-    and lse -inf (SDPA gives NaN). These calls run without autograd.
+    and lse -inf (SDPA gives NaN). Through torch autograd, q, k, v and sinks
+    get gradients (dsinks); a mask or slopes that require grad raise
+    NotImplementedError (fmha computes no gradient for them). The CUDA
+    backward takes no modifiers yet (UnsupportedError at backward time).
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _padded(q, k, v, opts, out, return_lse, seed,

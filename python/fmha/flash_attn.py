@@ -11,8 +11,9 @@ Differences from flash_attn:
 - cache_leftpad, and block_table of flash_attn_varlen_func (paged prefill)
   raise NotImplementedError; flash_attn_with_kvcache takes block_table
   (paged KV caches), on the CPU and on CUDA;
-- alibi_slopes ([H] or [B, H] float32) runs without autograd (CUDA: f16/bf16
-  forwards; flash_attn_with_kvcache on CUDA raises);
+- alibi_slopes ([H] or [B, H] float32) is a constant for autograd (slopes
+  that require grad raise; the CUDA backward, and flash_attn_with_kvcache
+  on CUDA, raise UnsupportedError with slopes; CUDA forwards take f16/bf16);
 - `deterministic` is accepted and ignored (fmha's forward, and its CPU
   backward, are deterministic anyway);
 - dropout draws its seed from fmha's generator (fmha.manual_seed), not

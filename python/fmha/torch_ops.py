@@ -86,26 +86,44 @@ def _check_dims(name, ndim, *tensors):
             raise ValueError("%s must be %d-d, got shape %s (%s)" % (n, ndim, list(t.shape), name))
 
 
+def _dsinks_like(q, sinks):
+    """The backward ops' fourth output: [H] in sinks' dtype and device, or an
+    empty float32 tensor on q's device when the call has no sinks."""
+    if sinks is None:
+        return q.new_empty((0,), dtype=torch.float32)
+    return sinks.new_empty(sinks.shape)
+
+
+def _with_dsinks(grads, q, sinks):
+    if sinks is None:
+        return tuple(grads) + (_dsinks_like(q, None),)
+    dq, dk, dv, dsinks = grads
+    return dq, dk, dv, torch.as_tensor(dsinks).to(dtype=sinks.dtype, device=sinks.device)
+
+
 # ------------------------------------------------------------------ padded
 
 
 @torch.library.custom_op("fmha::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, dropout_p: float, seed: Optional[int],
-        layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        layer: int, attn_mask: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+        sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] -> out
     [B, Sq, H, Dv], lse [B, H, Sq] float32, rng_state [2] int64.
-    softmax_scale 0 = 1/sqrt(D); window -1 = unlimited; seed None = drawn."""
+    softmax_scale 0 = 1/sqrt(D); window -1 = unlimited; seed None = drawn;
+    attn_mask, alibi_slopes, sinks as fmha.attention's."""
     opts, layer_for = _options(layer, softmax_scale, causal, window_left, window_right, softcap,
                                dropout_p)
     s = _api._dropout_seed(None if seed is None else seed & _U64, opts.dropout_p)
-    out, lse = _api._padded_direct(q, k, v, opts, None, True, s, layer_for)
+    out, lse = _api._padded_direct(q, k, v, opts, None, True, s, layer_for,
+                                   mods=_api._Mods(attn_mask, alibi_slopes, sinks))
     return out, lse, _rng_state(s)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-              seed, layer):
+              seed, layer, attn_mask=None, alibi_slopes=None, sinks=None):
     _check_dims("fmha::fwd", 4, q, k, v)
     B, Sq, H, _ = q.shape
     out = q.new_empty((B, Sq, H, v.shape[3]), dtype=_out_dtype(q))
@@ -116,21 +134,26 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap
 @torch.library.custom_op("fmha::bwd", mutates_args=())
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         rng_state: Tensor, softmax_scale: float, causal: bool, window_left: int,
-        window_right: int, softcap: float, dropout_p: float,
-        layer: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients (dq, dk, dv) of fmha::fwd for dout [B, Sq, H, Dv]: out,
-    lse and rng_state are the forward's, the options its own."""
+        window_right: int, softcap: float, dropout_p: float, layer: int,
+        attn_mask: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+        sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients (dq, dk, dv, dsinks) of fmha::fwd for dout [B, Sq, H, Dv]:
+    out, lse and rng_state are the forward's, the options and modifiers its
+    own. dsinks is [H] in sinks' dtype, or empty [0] float32 without sinks."""
     opts, layer_for = _options(layer, softmax_scale, causal, window_left, window_right, softcap,
                                dropout_p)
-    return _api._padded_backward(dout, q, k, v, out, lse, opts, _seed_of(rng_state),
-                                 layer_for=layer_for)
+    grads = _api._padded_backward(dout, q, k, v, out, lse, opts, _seed_of(rng_state),
+                                  layer_for=layer_for,
+                                  mods=_api._Mods(attn_mask, alibi_slopes, sinks))
+    return _with_dsinks(grads, q, sinks)
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, window_left,
-              window_right, softcap, dropout_p, layer):
+              window_right, softcap, dropout_p, layer, attn_mask=None, alibi_slopes=None,
+              sinks=None):
     _check_dims("fmha::bwd", 4, q, k, v)
-    return tuple(x.new_empty(x.shape) for x in (q, k, v))
+    return tuple(x.new_empty(x.shape) for x in (q, k, v)) + (_dsinks_like(q, sinks),)
 
 
 # ------------------------------------------------------------------ packed
@@ -140,7 +163,8 @@ def _bwd_fake(dout, q, k, v, out, lse, rng_state, softmax_scale, causal, window_
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                window_left: int, window_right: int, softcap: float, dropout_p: float,
-               seed: Optional[int], layer: int) -> tuple[Tensor, Tensor, Tensor]:
+               seed: Optional[int], layer: int, alibi_slopes: Optional[Tensor] = None,
+               sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Packed q [Tq, H, D], k [Tk, Hkv, D], v [Tk, Hkv, Dv], cu_seqlens
     [batch + 1] (int32; others are converted) -> out [Tq, H, Dv], lse
     [H, Tq] float32, rng_state [2] int64. max_seqlen 0 = computed by fmha."""
@@ -148,14 +172,15 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                                dropout_p)
     s = _api._dropout_seed(None if seed is None else seed & _U64, opts.dropout_p)
     out, lse = _api._packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                   max_seqlen_k, opts, None, True, s, layer_for)
+                                   max_seqlen_k, opts, None, True, s, layer_for,
+                                   mods=_api._Mods(None, alibi_slopes, sinks))
     return out, lse, _rng_state(s)
 
 
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, window_left, window_right, softcap, dropout_p, seed,
-                     layer):
+                     layer, alibi_slopes=None, sinks=None):
     _check_dims("fmha::varlen_fwd", 3, q, k, v)
     Tq, H, _ = q.shape
     out = q.new_empty((Tq, H, v.shape[2]), dtype=_out_dtype(q))
@@ -167,29 +192,34 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                rng_state: Tensor, softmax_scale: float, causal: bool, window_left: int,
-               window_right: int, softcap: float, dropout_p: float,
-               layer: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients (dq, dk, dv) of fmha::varlen_fwd; tokens in no sequence get 0."""
+               window_right: int, softcap: float, dropout_p: float, layer: int,
+               alibi_slopes: Optional[Tensor] = None,
+               sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients (dq, dk, dv, dsinks) of fmha::varlen_fwd; tokens in no
+    sequence get 0; dsinks as fmha::bwd's."""
     opts, layer_for = _options(layer, softmax_scale, causal, window_left, window_right, softcap,
                                dropout_p)
-    return _api._packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                 max_seqlen_q, max_seqlen_k, opts, _seed_of(rng_state),
-                                 layer_for=layer_for)
+    grads = _api._packed_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                  max_seqlen_q, max_seqlen_k, opts, _seed_of(rng_state),
+                                  layer_for=layer_for, mods=_api._Mods(None, alibi_slopes, sinks))
+    return _with_dsinks(grads, q, sinks)
 
 
 @varlen_bwd.register_fake
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, rng_state, softmax_scale, causal, window_left, window_right,
-                     softcap, dropout_p, layer):
+                     softcap, dropout_p, layer, alibi_slopes=None, sinks=None):
     _check_dims("fmha::varlen_bwd", 3, q, k, v)
-    return tuple(x.new_empty(x.shape) for x in (q, k, v))
+    return tuple(x.new_empty(x.shape) for x in (q, k, v)) + (_dsinks_like(q, sinks),)
 
 
 # ------------------------------------------------------------------ autograd
 
 # The forwards' arguments after q, k, v (padded) or after q, k, v, cu_seqlens_q,
-# cu_seqlens_k, max_seqlen_q, max_seqlen_k (packed): the options, seed, layer.
-# The backward takes them without the seed, which rng_state carries.
+# cu_seqlens_k, max_seqlen_q, max_seqlen_k (packed): the options, seed, layer
+# and the score modifiers. The backward takes them without the seed, which
+# rng_state carries. Of the modifiers only sinks get a gradient: a mask or
+# slopes that require one are refused before the op (_api._refuse_mod_grads).
 
 
 def _grad_out(dout):
@@ -205,10 +235,15 @@ def _setup_fwd(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, rng_state)
 
 
+def _sinks_grad(dsinks, sinks):
+    return dsinks if sinks is not None and sinks.requires_grad else None
+
+
 def _backward_fwd(ctx, dout, _dlse, _drng):
     q, k, v, out, lse, rng_state = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fmha.bwd(_grad_out(dout), q, k, v, out, lse, rng_state, *ctx.options)
-    return (dq, dk, dv) + (None,) * 8
+    dq, dk, dv, dsinks = torch.ops.fmha.bwd(_grad_out(dout), q, k, v, out, lse, rng_state,
+                                            *ctx.options)
+    return (dq, dk, dv) + (None,) * 10 + (_sinks_grad(dsinks, ctx.options[-1]),)
 
 
 def _setup_varlen_fwd(ctx, inputs, output):
@@ -222,9 +257,10 @@ def _setup_varlen_fwd(ctx, inputs, output):
 
 def _backward_varlen_fwd(ctx, dout, _dlse, _drng):
     q, k, v, out, lse, cu_q, cu_k, rng_state = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fmha.varlen_bwd(_grad_out(dout), q, k, v, out, lse, cu_q, cu_k,
-                                           *ctx.max_seqlens, rng_state, *ctx.options)
-    return (dq, dk, dv) + (None,) * 12
+    dq, dk, dv, dsinks = torch.ops.fmha.varlen_bwd(_grad_out(dout), q, k, v, out, lse, cu_q,
+                                                   cu_k, *ctx.max_seqlens, rng_state,
+                                                   *ctx.options)
+    return (dq, dk, dv) + (None,) * 13 + (_sinks_grad(dsinks, ctx.options[-1]),)
 
 
 torch.library.register_autograd("fmha::fwd", _backward_fwd, setup_context=_setup_fwd)
@@ -254,18 +290,28 @@ def _index_tensor(cu):
     return torch.as_tensor(np.asarray(cu))
 
 
-def padded(q, k, v, opts, seed, layer):
+def _mod_tensors(mods, q):
+    """The score modifiers as op arguments: tensors as they are (the op
+    reads them where they live), anything else through numpy."""
+    return tuple(x if x is None or isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
+                 for x in mods.given)
+
+
+def padded(q, k, v, opts, seed, layer, mods=_api._NO_MODS):
     """fmha.attention() on torch tensors: (out, lse)."""
-    out, lse, _ = torch.ops.fmha.fwd(q, k, v, *_op_args(opts, seed), layer)
+    out, lse, _ = torch.ops.fmha.fwd(q, k, v, *_op_args(opts, seed), layer,
+                                     *_mod_tensors(mods, q))
     return out, lse
 
 
-def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, seed, layer):
+def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, seed, layer,
+           mods=_api._NO_MODS):
     """fmha.varlen_attention() on torch tensors: (out, lse)."""
     from ._tensors import int64
     max_q = 0 if max_seqlen_q is None else int64(max_seqlen_q, "max_seqlen_q")
     max_k = 0 if max_seqlen_k is None else int64(max_seqlen_k, "max_seqlen_k")
     out, lse, _ = torch.ops.fmha.varlen_fwd(q, k, v, _index_tensor(cu_seqlens_q),
                                             _index_tensor(cu_seqlens_k), max_q, max_k,
-                                            *_op_args(opts, seed), layer)
+                                            *_op_args(opts, seed), layer,
+                                            *_mod_tensors(mods, q)[1:])
     return out, lse

@@ -280,8 +280,73 @@ def test_torch():
     bias = np.where(mask.numpy(), 0.0, -np.inf) + _alibi_bias(slopes.numpy(), B, SQ, SK)
     want, _ = attention(q, k, v, bias=bias, sinks=sinks.numpy())
     assert_close(got.numpy(), want, "f32")
-    tq.requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="without autograd"):
-        fmha.attention(tq, tk, tv, sinks=sinks)
+    # a mask or slopes that require grad are refused: fmha has no gradient for them
+    with pytest.raises(NotImplementedError, match=r"alibi_slopes\.detach\(\)"):
+        fmha.attention(tq, tk, tv, alibi_slopes=slopes.clone().requires_grad_(True))
     with torch.no_grad():
-        fmha.attention(tq, tk, tv, sinks=sinks)
+        fmha.attention(tq, tk, tv, alibi_slopes=slopes.clone().requires_grad_(True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_autograd(causal):
+    """loss.backward() through fmha with a mask, slopes per sequence and
+    sinks: q, k, v and sinks get the float64 reference's gradients."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(31 + causal)
+    q, k, v = _inputs(rng)
+    dout = rng.standard_normal((B, SQ, H, D)).astype(np.float32)
+    mask = (1.5 * rng.standard_normal((B, 1, SQ, SK))).astype(np.float32)
+    mask[rng.random(mask.shape) < 0.2] = -np.inf
+    slopes = (0.3 * rng.random((B, H))).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    sinks[1] = -np.inf
+    tq, tk, tv, ts = (torch.from_numpy(x).requires_grad_(True) for x in (q, k, v, sinks))
+    # the mask expanded over heads: a stride-0 view the op reads in place
+    tmask = torch.from_numpy(mask).expand(B, H, SQ, SK)
+    out = fmha.attention(tq, tk, tv, causal=causal, attn_mask=tmask,
+                         alibi_slopes=torch.from_numpy(slopes), sinks=ts)
+    (out * torch.from_numpy(dout)).sum().backward()
+    bias = mask.astype(np.float64) + _alibi_bias(slopes, B, SQ, SK)
+    want = attention_grads(q, k, v, dout, causal=causal, bias=bias, sinks=sinks)
+    for name, t, ref in zip(("dq", "dk", "dv", "dsinks"), (tq, tk, tv, ts), want):
+        assert t.grad is not None, name
+        assert_close(t.grad.numpy(), ref, "f32", name)
+    # sinks that do not require grad: no dsinks, the rest as before
+    tq.grad = None
+    fmha.attention(tq, tk.detach(), tv.detach(), causal=causal, attn_mask=tmask,
+                   alibi_slopes=slopes, sinks=ts.detach()).sum().backward()
+    assert tq.grad is not None and torch.isfinite(tq.grad).all()
+
+
+def test_torch_autograd_varlen_and_layer():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    cu_q = np.array([0, 4, 11], np.int32)
+    cu_k = np.array([0, 10, 16], np.int32)
+    q = rng.standard_normal((11, H, D)).astype(np.float32)
+    k = rng.standard_normal((16, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((16, HKV, D)).astype(np.float32)
+    dout = rng.standard_normal((11, H, D)).astype(np.float32)
+    slopes = (0.3 * rng.random(H)).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    want = fmha.varlen_attention_backward(dout, q, k, v, *fmha.varlen_attention(
+        q, k, v, cu_q, cu_k, 0, 0, alibi_slopes=slopes, sinks=sinks, return_lse=True),
+        cu_q, cu_k, 0, 0, alibi_slopes=slopes, sinks=sinks)
+    ts = [torch.from_numpy(x).requires_grad_(True) for x in (q, k, v, sinks)]
+    out = fmha.varlen_attention(*ts[:3], torch.from_numpy(cu_q), torch.from_numpy(cu_k), 0, 0,
+                                alibi_slopes=torch.from_numpy(slopes), sinks=ts[3])
+    (out * torch.from_numpy(dout)).sum().backward()
+    for name, t, ref in zip(("dq", "dk", "dv", "dsinks"), ts, want):
+        np.testing.assert_allclose(t.grad.numpy(), np.asarray(ref), rtol=0, atol=1e-5,
+                                   err_msg=name)
+    # the layer object: the same call as fmha.attention
+    layer = fmha.Attention(H, D, num_kv_heads=HKV, causal=True)
+    xq, xk, xv = _inputs(rng)
+    ts = [torch.from_numpy(x).requires_grad_(True) for x in (xq, xk, xv, sinks)]
+    layer.forward(*ts[:3], sinks=ts[3]).sum().backward()
+    grads = [t.grad.clone() for t in ts]
+    for t in ts:
+        t.grad = None
+    fmha.attention(*ts[:3], causal=True, sinks=ts[3]).sum().backward()
+    for g, t in zip(grads, ts):
+        assert torch.equal(g, t.grad)

@@ -94,7 +94,8 @@ def test_opcheck_padded(dtype, case):
     bwd_args = (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, rng_state) \
         + op_options(o) + (0,)
     torch.library.opcheck(torch.ops.fmha.bwd.default, bwd_args)
-    grads = torch.ops.fmha.bwd(*bwd_args)
+    *grads, dsinks = torch.ops.fmha.bwd(*bwd_args)
+    assert dsinks.shape == (0,)
     check_grads(grads, ref.attention_grads(f64(q), f64(k), f64(v), f64(dout), **kw), dtype)
 
 
@@ -119,7 +120,8 @@ def test_opcheck_varlen(dtype, causal):
     bwd_args = (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, cu_q, cu_k, 13, 18,
                 rng_state) + op_options(o) + (0,)
     torch.library.opcheck(torch.ops.fmha.varlen_bwd.default, bwd_args)
-    grads = torch.ops.fmha.varlen_bwd(*bwd_args)
+    *grads, dsinks = torch.ops.fmha.varlen_bwd(*bwd_args)
+    assert dsinks.shape == (0,)
     check_grads(grads, ref.varlen_attention_grads(f64(q), f64(k), f64(v), f64(dout),
                                                   cu_q.numpy(), cu_k.numpy(), causal=causal),
                 dtype)
@@ -137,8 +139,8 @@ def test_fake_shapes():
         assert out.shape == (3, 7, 8, 48) and out.dtype == torch.bfloat16
         assert lse.shape == (3, 8, 7) and lse.dtype == torch.float32
         assert rng.shape == (2,) and rng.dtype == torch.int64
-        dq, dk, dv = torch.ops.fmha.bwd(out, q, k, v, out, lse, rng, 0.0, True, -1, -1, 0.0,
-                                        0.0, 0)
+        dq, dk, dv, ds = torch.ops.fmha.bwd(out, q, k, v, out, lse, rng, 0.0, True, -1, -1,
+                                            0.0, 0.0, 0)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
         cu = torch.empty(4, dtype=torch.int32)
         out, lse, _ = torch.ops.fmha.varlen_fwd(q[0], k[0], v[0], cu, cu, 0, 0, 0.0, False, -1,
@@ -251,6 +253,33 @@ def test_compile_varlen_backward(backend):
     check_grads(grads, ref.varlen_attention_grads(f64(q), f64(k), f64(v), f64(dout),
                                                   cu_q.numpy(), cu_k.numpy(), causal=True),
                 "f32")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_score_mods(backend):
+    """A mask, ALiBi slopes and sinks compile into the graph's one fmha::fwd
+    node; the compiled gradients (sinks' too) are the eager ones."""
+    mask = torch.rand(19, 25, generator=torch.Generator().manual_seed(5)) < 0.8
+    slopes = torch.linspace(0.05, 0.4, 6)
+
+    def run(f):
+        q, k, v = (rand(s, "f32", i + 1, grad=True)
+                   for i, s in enumerate(((2, 19, 6, 32), (2, 25, 2, 32), (2, 25, 2, 32))))
+        sinks = torch.linspace(-1.0, 1.0, 6).requires_grad_(True)
+        f(q, k, v, sinks).sum().backward()
+        return [t.grad for t in (q, k, v, sinks)]
+
+    def fn(q, k, v, sinks):
+        return fmha.attention(q, k, v, causal=True, attn_mask=mask, alibi_slopes=slopes,
+                              sinks=sinks)
+
+    got = run(torch.compile(fn, fullgraph=True, backend=backend))
+    want = run(fn)
+    for g, w in zip(got, want):
+        assert g is not None and torch.equal(g, w)
+    _, seen = graph_ops(fn, *(rand(s, "f32", 7) for s in ((2, 19, 6, 32), (2, 25, 2, 32),
+                                                          (2, 25, 2, 32))), torch.zeros(6))
+    assert sum(t in (torch.ops.fmha.fwd, torch.ops.fmha.fwd.default) for t in seen) == 1
 
 
 def test_compile_packed_and_layer():

@@ -64,7 +64,7 @@ def test_wrong_scale_is_caught():
     """The comparison can fail: a processor attending with a doubled scale."""
     orig = fd._attend
     try:
-        fd._attend = lambda q, k, v: fmha_scaled(q, k, v, 2.0)
+        fd._attend = lambda q, k, v, mask=None: fmha_scaled(q, k, v, 2.0)
         x = torch.randn(2, 7, 32)
         want, got = _both(_attention(), x)
         assert not _close(want, got)
@@ -73,24 +73,23 @@ def test_wrong_scale_is_caught():
 
 
 def fmha_scaled(q, k, v, factor):
-    return fd.flash_attn_func(q, k, v, softmax_scale=factor * q.shape[-1] ** -0.5)
+    return fd.sdpa(q, k, v, scale=factor * q.shape[-1] ** -0.5)
 
 
-def test_masks():
-    mod = _attention()
-    fd.set_fmha_attention(mod)
-    x = torch.randn(1, 6, 32)
-    with torch.no_grad():
-        ref = mod(x)
-        # masks that hide nothing are dropped
-        assert torch.equal(mod(x, attention_mask=torch.ones(1, 1, 6, dtype=torch.bool)), ref)
-        assert torch.equal(mod(x, attention_mask=torch.zeros(1, 1, 6)), ref)
-        mask = torch.zeros(1, 1, 6)
-        mask[..., -2:] = float("-inf")
-        with pytest.raises(ValueError, match="attention_mask=None"):
-            mod(x, attention_mask=mask)
-        with pytest.raises(ValueError, match="attention_mask"):
-            mod(x, attention_mask=torch.tensor([[[True] * 5 + [False]]]))
+@pytest.mark.parametrize("kind", ["additive", "bool", "per_query"])
+def test_masks(kind):
+    """The processor passes AttnProcessor2_0's prepared masks to fmha."""
+    x = torch.randn(2, 6, 32)
+    if kind == "additive":
+        mask = torch.zeros(2, 1, 6)
+        mask[0, :, -2:] = float("-inf")
+        mask[1, :, 1] = -3.0
+    elif kind == "bool":
+        mask = torch.tensor([[[True] * 5 + [False]], [[True, False] * 3]])
+    else:
+        mask = torch.randn(2, 6, 6)
+    want, got = _both(_attention(), x, attention_mask=mask)
+    assert _close(want, got), (want - got).abs().max().item()
 
 
 def test_unsupported_processor_left_alone():
@@ -151,3 +150,139 @@ def test_flux_fused_projections():
     with torch.no_grad():
         got = model(**inputs)[0]
     assert _close(want, got), (want - got).abs().max().item()
+
+
+# ------------------------------------------------------------------ the dispatcher backend
+
+ad = pytest.importorskip("diffusers.models.attention_dispatch")
+
+
+def _qkv(sq=7, sk=9, h=4, hkv=4, d=16, dtype=torch.float32, grad=False, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, s, n, d, generator=g, dtype=dtype).requires_grad_(grad)
+            for s, n in ((sq, h), (sk, hkv), (sk, hkv))]
+
+
+def _padding(sk):
+    m = torch.ones(2, sk, dtype=torch.bool)
+    m[0, -3:] = False
+    return m
+
+
+DISPATCH_CASES = {
+    "plain": dict(),
+    "scale": dict(scale=0.3),
+    "causal_square": dict(is_causal=True, sq=9),
+    "causal_fewer_queries": dict(is_causal=True, sq=5),   # SDPA's top-left alignment
+    "causal_more_queries": dict(is_causal=True, sq=12),
+    "bool_4d": dict(mask=lambda sq, sk: torch.rand(2, 1, sq, sk) < 0.8),
+    "additive_4d": dict(mask=lambda sq, sk: torch.randn(2, 4, sq, sk)),
+    "padding_2d": dict(mask=lambda sq, sk: _padding(sk)),
+    "gqa": dict(hkv=2, enable_gqa=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISPATCH_CASES))
+def test_dispatch_matches_native(case):
+    kw = dict(DISPATCH_CASES[case])
+    sq = kw.pop("sq", 7)
+    q, k, v = _qkv(sq=sq, hkv=kw.pop("hkv", 4))
+    if "mask" in kw:
+        torch.manual_seed(4)
+        m = kw.pop("mask")(sq, 9)
+        if m.dtype == torch.bool:
+            m[..., 0] = True  # no row without keys (SDPA answers those NaN)
+        kw["attn_mask"] = m
+    want = ad.dispatch_attention_fn(q, k, v, backend=ad.AttentionBackendName.NATIVE, **kw)
+    got = ad.dispatch_attention_fn(q, k, v, backend=fd.BACKEND, **kw)
+    assert got.shape == want.shape
+    assert _close(want, got), (want - got).abs().max().item()
+
+
+def test_dispatch_gradients_and_lse():
+    mask = torch.randn(2, 1, 7, 9)
+
+    def grads(backend):
+        q, k, v = _qkv(grad=True, hkv=2)
+        out = ad.dispatch_attention_fn(q, k, v, attn_mask=mask, enable_gqa=True, backend=backend)
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        return [t.grad for t in (q, k, v)]
+
+    for g, w in zip(grads(fd.BACKEND), grads(ad.AttentionBackendName.NATIVE)):
+        assert _close(w, g), (w - g).abs().max().item()
+    q, k, v = _qkv()
+    out, lse = ad.dispatch_attention_fn(q, k, v, attention_kwargs={"return_lse": True},
+                                        backend=fd.BACKEND)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) / 4.0
+    assert lse.shape == (2, 4, 7)
+    assert (lse.double() - torch.logsumexp(s, -1)).abs().max().item() < 1e-5
+
+
+def test_dispatch_refusals():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="attn_mask and is_causal"):
+        fd.sdpa(q, k, v, attn_mask=torch.ones(7, 9, dtype=torch.bool), is_causal=True)
+    with pytest.raises(ValueError, match="context-parallel"):
+        fd._fmha_backend(q, k, v, _parallel_config=object())
+    with pytest.raises(ValueError, match="one dtype"):
+        fd.sdpa(q, k.half(), v)
+
+
+def _tiny_wan():
+    from diffusers import WanTransformer3DModel
+    torch.manual_seed(0)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()
+
+
+def _wan_inputs():
+    torch.manual_seed(5)
+    return dict(hidden_states=torch.randn(2, 4, 3, 4, 6), timestep=torch.tensor([10, 500]),
+                encoder_hidden_states=torch.randn(2, 11, 16), return_dict=False)
+
+
+@pytest.mark.parametrize("model,inputs", [(_tiny_flux, _flux_inputs), (_tiny_wan, _wan_inputs)],
+                         ids=["flux", "wan"])
+def test_models_on_the_backend(model, inputs):
+    """Flux and Wan transformers (tiny configs, random weights) give the
+    native backend's output with set_attention_backend("fmha") and inside
+    attention_backend("fmha"), and their calls do reach fmha."""
+    m, x = model(), inputs()
+    with torch.no_grad():
+        want = m(**x)[0]
+    calls = []
+    orig = fd._api.attention
+    fd._api.attention = lambda *a, **kw: calls.append(1) or orig(*a, **kw)
+    try:
+        m.set_attention_backend("fmha")
+        with torch.no_grad():
+            got = m(**x)[0]
+        n = len(calls)
+        assert n > 0
+        m.set_attention_backend("native")
+        with ad.attention_backend("fmha"), torch.no_grad():
+            again = model()(**x)[0]
+        assert len(calls) > n
+    finally:
+        fd._api.attention = orig
+    assert want.shape == got.shape
+    assert _close(want, got), (want - got).abs().max().item()
+    assert _close(want, again), (want - again).abs().max().item()
+
+
+def test_environment_variable():
+    """DIFFUSERS_ATTN_BACKEND=fmha: with fmha.diffusers imported first, the
+    dispatcher's default backend is fmha."""
+    import os
+    import subprocess
+    import sys
+    code = ("import fmha.diffusers\n"
+            "from diffusers.models import attention_dispatch as ad\n"
+            "print(ad._AttentionBackendRegistry.get_active_backend()[0].value)\n")
+    env = dict(os.environ, DIFFUSERS_ATTN_BACKEND="fmha")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "fmha"

@@ -52,9 +52,9 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
                          caches, mods)                                                            \
     FMHA_CUDA_ROW(name, family, min_sm, sm90a, compute, inputs, max_d, descales,                  \
                   FMHA_TMA_##compute, FMHA_KERNEL_ID_##fallback, caches, FMHA_ROLE_FORWARD, mods)
-#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d)      \
-    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0, \
-                  FMHA_ROLE_BACKWARD, 0)
+#define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d, mods) \
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0,  \
+                  FMHA_ROLE_BACKWARD, mods)
 #define FMHA_CUDA_DEC_KERNEL(name, family, min_sm, compute, inputs, max_d) \
     FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 1, FMHA_ROLE_DECODE, 0)
 #define FMHA_KERNEL_ID_NONE (-1)
@@ -481,7 +481,7 @@ fmha_status fmha_plan_check_mods(const fmha_plan *plan, const fmha_problem *pb)
                                             : "sinks",
                           plan->kernel->info.name,
                           plan->kernel->info.device == FMHA_DEVICE_CUDA
-                              ? ", and in the forward of f16/bf16 CUDA layers"
+                              ? ", and in the forward and backward of f16/bf16 CUDA layers"
                               : "");
 }
 

@@ -805,8 +805,6 @@ tcase tcase_backward_random(tu_rng *r, int index, const tcase_space *space, fmha
     tcase c = tcase_random(r, index, space);
     if (c.dt == FMHA_DTYPE_F8_E4M3)
         c.dt = dts[tu_range(r, 3)];
-    if (space->device == FMHA_DEVICE_CUDA) /* the CUDA backward takes no score modifiers */
-        c.mask = c.alibi = c.sinks = 0;
     *gdt = tu_range(r, 2) ? c.dt : dts[tu_range(r, 3)];
     *lg = (int)tu_range(r, 3);
     if (c.varlen && *lg == 1)

@@ -2,7 +2,8 @@
  * the shared random cases (cases.c: odd seqlens, seqlen_q != seqlen_k, GQA,
  * MQA, head dims up to 256, head_dim_v != head_dim, every layout, mask,
  * softcap, dropout, varlen), f16/bf16 inputs, dout and gradients of any
- * dtype, gradients poisoned on the device first. The tolerance is set by a
+ * dtype, the score modifiers (masks, ALiBi, sinks: dsinks too), gradients
+ * poisoned on the device first. The tolerance is set by a
  * naive backward whose dO, P and dS are rounded to the inputs' dtype before
  * their products (tu_naive_backward), as a tensor-core kernel rounds them.
  * out and lse come from the CPU forward on the same inputs. Also: bits equal
@@ -10,6 +11,7 @@
  * refused with nothing written. Exits 77 (ctest: skipped) without a device.
  * FMHA_TEST_CASES sets the number of random cases. */
 #include "cases.h"
+#include "devmem.h"
 #include "testutil.h"
 
 #include <cuda_runtime_api.h>
@@ -59,6 +61,24 @@ static fmha_status cuda_backward(const fmha_config *cfg, const fmha_backward_arg
     const size_t cu = sizeof(int32_t) * (size_t)(h->varlen_batch + 1);
     d.cu_seqlens_q = upload(h->cu_seqlens_q, cu);
     d.cu_seqlens_k = upload(h->cu_seqlens_k, cu);
+    /* the score modifiers' arrays: devmem's copies of a forward's */
+    fmha_forward_args mods = {.q = h->q,
+                              .k = h->k,
+                              .mask = h->mask,
+                              .alibi_slopes = h->alibi_slopes,
+                              .alibi_stride_batch = h->alibi_stride_batch,
+                              .sinks = h->sinks};
+    mods.q.data = mods.k.data = NULL;
+    mods.cu_seqlens_q = h->cu_seqlens_q, mods.cu_seqlens_k = h->cu_seqlens_k;
+    mods.varlen_batch = h->varlen_batch;
+    dev_args dm;
+    char err[256];
+    TU_CHECK(dev_args_upload(&dm, &mods, FMHA_DEVICE_CUDA, err, sizeof err) == 0, "%s", err);
+    d.mask.data = dm.a.mask.data;
+    d.alibi_slopes = dm.a.alibi_slopes;
+    d.sinks = dm.a.sinks;
+    const size_t nsinks = sizeof(float) * (size_t)h->q.heads;
+    d.dsinks = upload(h->dsinks, nsinks); /* poisoned by the case */
     d.stream = stream;
     fmha_status st = fmha_backward(cfg, &d);
     cudaError_t e = cudaStreamSynchronize(stream);
@@ -66,6 +86,8 @@ static fmha_status cuda_backward(const fmha_config *cfg, const fmha_backward_arg
     for (int i = 5; i < 8; i++)
         if (hv[i]->data)
             cudaMemcpy(hv[i]->data, dvw[i]->data, view_bytes(hv[i]), cudaMemcpyDeviceToHost);
+    if (h->dsinks)
+        cudaMemcpy(h->dsinks, d.dsinks, nsinks, cudaMemcpyDeviceToHost);
     if (twice && st == FMHA_STATUS_OK) { /* again on re-poisoned gradients: the same bits */
         for (int i = 5; i < 8; i++)
             if (hv[i]->data)
@@ -81,9 +103,17 @@ static fmha_status cuda_backward(const fmha_config *cfg, const fmha_backward_arg
             TU_CHECK(!memcmp(again, hv[i]->data, n), "gradient %d differs between two runs", i - 5);
             free(again);
         }
+        if (h->dsinks) {
+            float *again = malloc(nsinks);
+            cudaMemcpy(again, d.dsinks, nsinks, cudaMemcpyDeviceToHost);
+            TU_CHECK(!memcmp(again, h->dsinks, nsinks), "dsinks differs between two runs");
+            free(again);
+        }
     }
     for (int i = 0; i < 8; i++)
         cudaFree(dvw[i]->data);
+    dev_args_free(&dm);
+    cudaFree(d.dsinks);
     cudaFree((void *)d.lse);
     cudaFree((void *)d.cu_seqlens_q);
     cudaFree((void *)d.cu_seqlens_k);
@@ -144,7 +174,8 @@ int main(int argc, char **argv)
         twice = i % 16 == 0;
         worst = fmax(worst, tcase_backward_run(&c, gdt, lg, want, 1, cuda_backward, &rng));
     }
-    /* Long sequences: several key and query blocks, GQA, causal and not. */
+    /* Long sequences: several key and query blocks, GQA, causal and not; the
+     * second with a mask, ALiBi slopes and sinks. */
     twice = 1;
     for (int i = 0; i < 4; i++) {
         tcase c = {.batch = 1,
@@ -159,6 +190,10 @@ int main(int argc, char **argv)
                    .causal = i % 2 == 0,
                    .wl = -1,
                    .wr = -1,
+                   .mask = i == 1 ? 2 : 0,
+                   .mask_bcast = 3,
+                   .alibi = i == 1,
+                   .sinks = i == 1,
                    .device = FMHA_DEVICE_CUDA};
         worst = fmax(worst, tcase_backward_run(&c, c.dt, 0, 7, 1, cuda_backward, &rng));
     }

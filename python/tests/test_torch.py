@@ -169,6 +169,40 @@ def test_cuda_stream_and_layer():
 
 
 @gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_cuda_autograd_score_mods(varlen):
+    """loss.backward() on CUDA with a mask, ALiBi slopes and sinks: the CUDA
+    backward's gradients (sinks' too) against the CPU's on the same bf16
+    inputs, each within bf16's tolerance of the other's float64 values."""
+    torch.manual_seed(7)
+    B, S, H, HKV, D = 2, 150, 6, 2, 64
+    q, k, v = (rand((B, S, n, D), "bf16", "cuda", seed=s)
+               for s, n in ((1, H), (2, HKV), (3, HKV)))
+    mask = None if varlen else (torch.rand(B, 1, S, S, device="cuda") < 0.8)
+    slopes = torch.rand(H, device="cuda") * 0.1
+    sinks = torch.randn(H, device="cuda")
+    dout = torch.randn(B, S, H, D, device="cuda").to(torch.bfloat16)
+    cu = torch.tensor([0, 40, 2 * S], dtype=torch.int32, device="cuda")
+
+    def grads(dev):
+        ts = [t.detach().to(dev).requires_grad_(True) for t in (q, k, v, sinks)]
+        if varlen:
+            flat = [t.reshape(-1, *t.shape[2:]) for t in ts[:3]]
+            out = fmha.varlen_attention(*flat, cu.to(dev), cu.to(dev), 2 * S, 2 * S, causal=True,
+                                        alibi_slopes=slopes.to(dev), sinks=ts[3])
+            out = out.view(B, S, H, D)
+        else:
+            out = fmha.attention(*ts[:3], causal=True, attn_mask=mask.to(dev),
+                                 alibi_slopes=slopes.to(dev), sinks=ts[3])
+        (out.float() * dout.to(dev).float()).sum().backward()
+        return [t.grad for t in ts]
+
+    for g, c, name in zip(grads("cuda"), grads("cpu"), ("dq", "dk", "dv", "dsinks")):
+        assert g.is_cuda
+        ref.assert_close(f64(g), f64(c), "bf16", name)
+
+
+@gpu
 def test_cuda_errors():
     q = rand((1, 16, 2, 64), "f32", "cuda")
     with pytest.raises(NotImplementedError, match="f16 or bf16"):

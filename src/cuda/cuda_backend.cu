@@ -147,7 +147,11 @@ static fmha_status cuda_backward(const fmha_plan *plan, const fmha_problem *pb, 
                               {a->dk.data, "dk"},
                               {a->dv.data, "dv"},
                               {a->cu_seqlens_q, "cu_seqlens_q"},
-                              {a->cu_seqlens_k, "cu_seqlens_k"}};
+                              {a->cu_seqlens_k, "cu_seqlens_k"},
+                              {a->mask.data, "mask.data"},
+                              {a->alibi_slopes, "alibi_slopes"},
+                              {a->sinks, "sinks"},
+                              {a->dsinks, "dsinks"}};
     fmha_status st = check_device_pointers(ptrs, sizeof ptrs / sizeof *ptrs);
     if (st != FMHA_STATUS_OK)
         return st;

@@ -12,7 +12,9 @@
  * forward's LSE, and dP = dO V^T, on mma.sync m16n8k16 (16-bit operands, f32
  * accumulation); P and dS become 16-bit operands as the forward's P does.
  * dS = P (dP - D), times 1 - tanh^2 under softcap; dropout's factors are the
- * forward's Philox words, drawn again. Each gradient element is summed by one
+ * forward's Philox words, drawn again. The score modifiers (MODS variants)
+ * add the forward's bias to S before P; with sinks, dsinks[h] = -sum P_sink D
+ * over head h's rows, one block per head. Each gradient element is summed by one
  * thread in a fixed order, so the bits depend on the inputs alone; the cost
  * is S and dP computed twice. Head dims up to 128 keep dK and dV in one pass;
  * head dim 256 runs dV and dK as two passes (both accumulators would not fit
@@ -233,7 +235,7 @@ template <int D> struct dq_tile {
     static constexpr size_t SMEM = (size_t)(2 * BM + 2 * BN) * DS * 2;
 };
 
-template <int D, bool BF16, bool DROPOUT>
+template <int D, bool BF16, bool DROPOUT, bool MODS>
 __global__ void __launch_bounds__(128) bwd_dq(const bwd_params P)
 {
     typedef typename elem<BF16>::T T;
@@ -317,9 +319,11 @@ __global__ void __launch_bounds__(128) bwd_dq(const bwd_params P)
                         x = th * p.softcap_out;
                         g = 1.0f - th * th;
                     }
-                    const float pr = exp2_approx(fmaf(x, p.scale_log2, -lse2[rh]));
                     const int64_t key = n0 + c0 + e;
                     const bool vis = full || (c0 + e < nvalid && lo[rh] <= key && key < hi[rh]);
+                    if (MODS && vis && row < sq)
+                        x += p.bias_unit * score_bias(p, b, h, row, key, sq, sk);
+                    const float pr = exp2_approx(fmaf(x, p.scale_log2, -lse2[rh]));
                     float f = 1.0f;
                     if (DROPOUT)
                         f = w[e] >= p.drop_threshold ? p.drop_scale : 0.0f;
@@ -350,7 +354,7 @@ template <int D> struct kv_tile {
     static constexpr size_t SMEM = (size_t)(2 * BN + 2 * BQ) * DS * 2 + 2 * BQ * sizeof(float);
 };
 
-template <int D, bool BF16, bool DROPOUT, bool DK, bool DV>
+template <int D, bool BF16, bool DROPOUT, bool MODS, bool DK, bool DV>
 __global__ void __launch_bounds__(128) bwd_dkdv(const bwd_params P)
 {
     typedef typename elem<BF16>::T T;
@@ -439,7 +443,6 @@ __global__ void __launch_bounds__(128) bwd_dkdv(const bwd_params P)
                         x = th * p.softcap_out;
                         g = 1.0f - th * th;
                     }
-                    const float pr = exp2_approx(fmaf(x, p.scale_log2, -sL[c]));
                     bool vis = full;
                     if (!vis) {
                         int64_t lo, hi;
@@ -447,6 +450,9 @@ __global__ void __launch_bounds__(128) bwd_dkdv(const bwd_params P)
                                         &lo, &hi);
                         vis = c < nq && lo <= key && key < hi;
                     }
+                    if (MODS && vis && c < nq && key < sk)
+                        x += p.bias_unit * score_bias(p, b, h, i0 + c, key, sq, sk);
+                    const float pr = exp2_approx(fmaf(x, p.scale_log2, -sL[c]));
                     const float f =
                         DROPOUT && vis && key < sk ? keep_factor(p, b, h, i0 + c, key) : 1.0f;
                     st[i][e] = vis ? pr * f : 0.0f;
@@ -502,6 +508,43 @@ __global__ void bwd_zero_tails(const bwd_params P)
     }
 }
 
+/* ------------------------------------------------------------- dsinks */
+
+constexpr int DSINKS_THREADS = 256;
+
+/* dsinks[h] = -sum over head h's rows of P_sink D, P_sink = e^(sink - lse):
+ * one block per head, each thread's rows in a fixed order and a fixed tree
+ * over the threads, so the bits depend on the inputs alone. */
+__global__ void __launch_bounds__(DSINKS_THREADS) bwd_dsinks(const bwd_params P, float *dsinks)
+{
+    const flash_params &p = P.f;
+    const int h = blockIdx.x;
+    const float sink = p.sinks[h];
+    double acc = 0.0;
+    if (sink != -INFINITY) {
+        /* padded: rows (b, i) at (b H + h) sq + i; packed: tokens [cu_q[0], cu_q[batch]) */
+        const int64_t first = p.varlen ? p.cu_q[0] : 0;
+        const int64_t n = p.varlen ? p.cu_q[P.batch] - first : P.batch * p.sq;
+        for (int64_t t = threadIdx.x; t < n; t += DSINKS_THREADS) {
+            const int64_t at = p.varlen ? (int64_t)h * p.total_q + first + t
+                                        : ((t / p.sq) * p.heads + h) * p.sq + t % p.sq;
+            const float lse = p.lse[at];
+            if (lse != -INFINITY)
+                acc -= exp((double)sink - (double)lse) * (double)P.D[at];
+        }
+    }
+    __shared__ double part[DSINKS_THREADS];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = DSINKS_THREADS / 2; s > 0; s /= 2) {
+        if ((int)threadIdx.x < s)
+            part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        dsinks[h] = (float)part[0];
+}
+
 /* ------------------------------------------------------------ launches */
 
 template <class K>
@@ -516,44 +559,55 @@ cudaError_t launch_kernel(K kernel, dim3 grid, size_t smem, cudaStream_t stream,
     return cudaGetLastError();
 }
 
-template <int D, bool BF16, bool DROPOUT>
+template <int D, bool BF16, bool DROPOUT, bool MODS>
 cudaError_t launch_dq(const bwd_params &P, int64_t max_sq, cudaStream_t stream)
 {
     dim3 grid((unsigned)((max_sq + dq_tile<D>::BM - 1) / dq_tile<D>::BM), (unsigned)P.f.heads,
               (unsigned)P.batch);
-    return launch_kernel(bwd_dq<D, BF16, DROPOUT>, grid, dq_tile<D>::SMEM, stream, P);
+    return launch_kernel(bwd_dq<D, BF16, DROPOUT, MODS>, grid, dq_tile<D>::SMEM, stream, P);
 }
 
-template <int D, bool BF16, bool DROPOUT>
+template <int D, bool BF16, bool DROPOUT, bool MODS>
 cudaError_t launch_dkdv(const bwd_params &P, int64_t max_sk, cudaStream_t stream)
 {
     dim3 grid((unsigned)((max_sk + kv_tile<D>::BN - 1) / kv_tile<D>::BN), (unsigned)P.f.kv_heads,
               (unsigned)P.batch);
     const size_t smem = kv_tile<D>::SMEM;
     if constexpr (D <= 128) {
-        return launch_kernel(bwd_dkdv<D, BF16, DROPOUT, true, true>, grid, smem, stream, P);
+        return launch_kernel(bwd_dkdv<D, BF16, DROPOUT, MODS, true, true>, grid, smem, stream, P);
     } else {
         cudaError_t err = cudaSuccess;
         if (P.g[2])
-            err = launch_kernel(bwd_dkdv<D, BF16, DROPOUT, false, true>, grid, smem, stream, P);
+            err =
+                launch_kernel(bwd_dkdv<D, BF16, DROPOUT, MODS, false, true>, grid, smem, stream, P);
         if (err == cudaSuccess && P.g[1])
-            err = launch_kernel(bwd_dkdv<D, BF16, DROPOUT, true, false>, grid, smem, stream, P);
+            err =
+                launch_kernel(bwd_dkdv<D, BF16, DROPOUT, MODS, true, false>, grid, smem, stream, P);
         return err;
     }
+}
+
+/* dq, then dk and dv, on the variant of the call's dropout and bias (a
+ * mask or ALiBi slopes: sinks alone leave S as it is). */
+template <int D, bool BF16, bool DROPOUT, bool MODS>
+cudaError_t launch_grads_of(const bwd_params &P, const fmha_problem *pb, cudaStream_t stream)
+{
+    cudaError_t err = cudaSuccess;
+    if (P.g[0] && pb->max_sq > 0)
+        err = launch_dq<D, BF16, DROPOUT, MODS>(P, pb->max_sq, stream);
+    if (err == cudaSuccess && (P.g[1] || P.g[2]) && pb->max_sk > 0)
+        err = launch_dkdv<D, BF16, DROPOUT, MODS>(P, pb->max_sk, stream);
+    return err;
 }
 
 template <int D, bool BF16>
 cudaError_t launch_grads(const bwd_params &P, const fmha_problem *pb, cudaStream_t stream)
 {
-    cudaError_t err = cudaSuccess;
-    const bool drop = P.f.drop_threshold != 0;
-    if (P.g[0] && pb->max_sq > 0)
-        err = drop ? launch_dq<D, BF16, true>(P, pb->max_sq, stream)
-                   : launch_dq<D, BF16, false>(P, pb->max_sq, stream);
-    if (err == cudaSuccess && (P.g[1] || P.g[2]) && pb->max_sk > 0)
-        err = drop ? launch_dkdv<D, BF16, true>(P, pb->max_sk, stream)
-                   : launch_dkdv<D, BF16, false>(P, pb->max_sk, stream);
-    return err;
+    const bool drop = P.f.drop_threshold != 0, bias = P.f.mask || P.f.alibi;
+    return drop ? (bias ? launch_grads_of<D, BF16, true, true>(P, pb, stream)
+                        : launch_grads_of<D, BF16, true, false>(P, pb, stream))
+                : (bias ? launch_grads_of<D, BF16, false, true>(P, pb, stream)
+                        : launch_grads_of<D, BF16, false, false>(P, pb, stream));
 }
 
 } // namespace
@@ -630,6 +684,10 @@ fmha_status portable_backward(const fmha_plan *plan, const fmha_problem *pb)
 #undef FMHA_LAUNCH
     if (err == cudaSuccess && pb->varlen) {
         bwd_zero_tails<<<64, 256, 0, stream>>>(P);
+        err = cudaGetLastError();
+    }
+    if (err == cudaSuccess && a->dsinks) { /* validation: dsinks comes with sinks */
+        bwd_dsinks<<<(unsigned)pb->heads, DSINKS_THREADS, 0, stream>>>(P, a->dsinks);
         err = cudaGetLastError();
     }
     if (P.D)

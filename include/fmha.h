@@ -333,9 +333,9 @@ typedef struct fmha_attn_mask {
  * e^(s_j)), lse = log(e^sink + sum_j e^(s_j)); a row with no visible key gets
  * out 0 and lse = sink. Slopes must be finite and sinks not NaN (-inf: no
  * sink). Mask, slopes and sinks sit in q's memory. CPU layers run them, and
- * the forward of f16/bf16 CUDA layers (on the portable kernel: Hopper calls
- * with them take it instead); CUDA decode, the CUDA backward and FP8 on CUDA
- * answer UNSUPPORTED. fmha_sp_args has none of them.
+ * the forward and backward of f16/bf16 CUDA layers (the forward on the
+ * portable kernel: Hopper calls with them take it instead); CUDA decode and
+ * FP8 on CUDA answer UNSUPPORTED. fmha_sp_args has none of them.
  *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
  * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),
@@ -561,8 +561,9 @@ FMHA_API fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_confi
  * query heads it serves. Rows of packed dq, dk and dv outside every sequence
  * are written 0. Gradient rows must not overlap (as out's, fmha_tensor) and
  * must not share memory with the inputs. f8_e4m3 inputs (and fp8_compute
- * layers) have no backward: UNSUPPORTED. Score modifiers (CPU layers) are the
- * forward's; no gradient flows into the mask or the slopes, and dsinks[h] =
+ * layers) have no backward: UNSUPPORTED. Score modifiers (CPU and f16/bf16
+ * CUDA layers) are the forward's; no gradient flows into the mask or the
+ * slopes, and dsinks[h] =
  * -sum over the rows of head h of e^(sink_h - lse) (dout . out). */
 typedef struct fmha_backward_args {
     fmha_tensor q, k, v, out, dout;

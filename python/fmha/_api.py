@@ -708,7 +708,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=N
     device. With GQA/MQA dk and dv are summed over each KV head's query
     heads. The CPU computes in float32 and is deterministic; f16/bf16 CUDA
     tensors run the portable CUDA backward; FP8 inputs raise UnsupportedError.
-    attn_mask, alibi_slopes and sinks are the forward's (CPU); with sinks the
+    attn_mask, alibi_slopes and sinks are the forward's; with sinks the
     result is (dq, dk, dv, dsinks), dsinks [H] float32 the sinks' gradient.
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p,
@@ -775,8 +775,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     of value 0 (lse counts it). A row whose every key is hidden gets out 0
     and lse -inf (SDPA gives NaN). Through torch autograd, q, k, v and sinks
     get gradients (dsinks); a mask or slopes that require grad raise
-    NotImplementedError (fmha computes no gradient for them). The CUDA
-    backward takes no modifiers yet (UnsupportedError at backward time).
+    NotImplementedError (fmha computes no gradient for them).
     """
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _padded(q, k, v, opts, out, return_lse, seed,

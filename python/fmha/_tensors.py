@@ -71,12 +71,17 @@ def _numpy_dtype_code(dt, name):
                     % (name, dt))
 
 
+_torch_codes = {}
+
+
 def _torch_dtype_code(torch, dt, name):
-    codes = {torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
-             torch.bfloat16: _lib.DTYPE_BF16}
-    f8 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
-    if f8 is not None:
-        codes[f8] = _lib.DTYPE_F8_E4M3
+    codes = _torch_codes
+    if not codes:
+        codes.update({torch.float32: _lib.DTYPE_F32, torch.float16: _lib.DTYPE_F16,
+                      torch.bfloat16: _lib.DTYPE_BF16})
+        f8 = getattr(torch, "float8_e4m3fn", None)  # torch >= 2.1
+        if f8 is not None:
+            codes[f8] = _lib.DTYPE_F8_E4M3
     code = codes.get(dt)
     if code is None:
         raise TypeError("%s: dtype %s is not supported: fmha takes torch.float32, "
@@ -157,7 +162,9 @@ _LAYOUTS = {4: "[batch, seqlen, heads, head_dim]", 3: "[total_tokens, heads, hea
 def view(x, name, ndim, writable=False):
     """The View of x, which must have `ndim` dims, a supported dtype, a
     contiguous last dimension and non-negative strides."""
-    x = as_array(x, name)
+    torch = _torch()
+    if torch is None or type(x) is not torch.Tensor:
+        x = as_array(x, name)
     v = View()
     v.obj, v.name = x, name
     if isinstance(x, np.ndarray):
@@ -173,8 +180,7 @@ def view(x, name, ndim, writable=False):
             raise ValueError("%s is read-only" % name)
         v.ptr = x.ctypes.data
         v.device, v.device_index = "cpu", None
-    else:
-        torch = _torch()
+    else:  # torch tensors have no negative strides
         if x.layout != torch.strided:
             raise TypeError("%s: %s tensors are not supported; pass a dense (strided) tensor, "
                             "e.g. .to_dense()" % (name, x.layout))
@@ -183,21 +189,22 @@ def view(x, name, ndim, writable=False):
         if getattr(x, "is_neg", None) is not None and x.is_neg():
             raise ValueError("%s is a lazily negated view; call .resolve_neg() first" % name)
         shape = tuple(x.shape)
-        strides = tuple(x.stride())
+        strides = x.stride()
         v.ptr = x.data_ptr()
-        if x.device.type not in ("cpu", "cuda"):
+        if x.is_cuda:
+            v.device, v.device_index = "cuda", x.get_device()
+        elif x.is_cpu:
+            v.device, v.device_index = "cpu", None
+        else:
             raise ValueError("%s is on device %s: fmha runs on cpu and cuda" % (name, x.device))
-        v.device = x.device.type
-        v.device_index = x.device.index if v.device == "cuda" else None
-        if v.device == "cuda" and v.device_index is None:
-            v.device_index = torch.cuda.current_device()
     if len(shape) != ndim:
         raise ValueError("%s must be %d-d %s, got shape %s"
                          % (name, ndim, _LAYOUTS.get(ndim, ""), list(shape)))
     # A dim of size 1 is never stepped over: its stride is whatever the
     # producer chose (numpy and torch both leave odd values there), so it is
     # normalised rather than rejected.
-    strides = tuple(0 if n == 1 else s for n, s in zip(shape, strides))
+    if 1 in shape:
+        strides = tuple(0 if n == 1 else s for n, s in zip(shape, strides))
     if 0 in shape:  # nothing is read or written: any strides do
         strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
     if shape[-1] > 1 and strides[-1] != 1:
@@ -205,7 +212,7 @@ def view(x, name, ndim, writable=False):
         raise ValueError("%s: the last dimension (head_dim) must be contiguous (stride 1, got "
                          "%d): fmha takes any strides for the other dimensions but this one; "
                          "call %s on it first" % (name, strides[-1], fix))
-    if any(s < 0 for s in strides):
+    if v.family == "numpy" and any(s < 0 for s in strides):
         raise ValueError("%s has negative strides %s (a reversed view); copy it with "
                          "np.ascontiguousarray first" % (name, list(strides)))
     v.shape = shape

@@ -270,6 +270,33 @@ torch.library.register_autograd("fmha::varlen_fwd", _backward_varlen_fwd,
 
 # ------------------------------------------------------------------ the Python layer's calls
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+_dispatch_depth = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+
+
+def eager(*tensors):
+    """True when a call on these tensors (None among them allowed) may skip
+    the op and run its body directly: plain tensors that autograd would not
+    record, no torch.compile trace, no dispatch or function mode active. The
+    op's dispatch costs about as much host time as the body itself on a
+    small call; everything that could see it (autograd, compile, fake and
+    meta tensors, modes) keeps it."""
+    if _is_compiling():
+        return False
+    if _dispatch_depth is None or _dispatch_depth() or (_function_modes and _function_modes()):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN or (grad and t.requires_grad) or t.device.type not in ("cpu",
+                                                                                          "cuda"):
+            return False
+    return True
+
+
 
 def _op_args(opts, seed):
     """The options and seed as op arguments (seed checked here as

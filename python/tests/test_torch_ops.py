@@ -148,6 +148,32 @@ def test_fake_shapes():
         assert out.shape == (7, 8, 48) and lse.shape == (8, 7)
 
 
+def test_eager_calls_skip_the_op(monkeypatch):
+    """Calls autograd would not record run the op's body directly (its
+    dispatch costs as much host time as the body on small calls); inputs
+    that require grad, fake and meta tensors still go through the op."""
+    import fmha.torch_ops as tops
+    q, k, v = rand((1, 9, 2, 16), seed=1), rand((1, 9, 2, 16), seed=2), rand((1, 9, 2, 16), seed=3)
+    want = fmha.attention(q, k, v, causal=True)
+    seen = []
+    orig = tops.padded
+    monkeypatch.setattr(tops, "padded", lambda *a, **kw: seen.append(1) or orig(*a, **kw))
+    with torch.no_grad():
+        assert torch.equal(fmha.attention(q, k, v, causal=True), want)
+    assert torch.equal(fmha.flash_attn_func(q, k, v, causal=True), want)  # no input requires grad
+    assert seen == []
+    qg = q.clone().requires_grad_(True)
+    assert torch.equal(fmha.attention(qg, k, v, causal=True).detach(), want)
+    assert seen == [1]
+    out = fmha.attention(q.to("meta"), k.to("meta"), v.to("meta"))
+    assert out.device.type == "meta" and out.shape == q.shape
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fq = torch.empty(1, 9, 2, 16)
+        assert fmha.attention(fq, fq, fq).shape == (1, 9, 2, 16)
+    assert len(seen) == 3
+
+
 # ------------------------------------------------------------------ torch.compile
 
 

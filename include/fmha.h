@@ -333,9 +333,9 @@ typedef struct fmha_attn_mask {
  * e^(s_j)), lse = log(e^sink + sum_j e^(s_j)); a row with no visible key gets
  * out 0 and lse = sink. Slopes must be finite and sinks not NaN (-inf: no
  * sink). Mask, slopes and sinks sit in q's memory. CPU layers run them, and
- * the forward and backward of f16/bf16 CUDA layers (the forward on the
- * portable kernel: Hopper calls with them take it instead); CUDA decode and
- * FP8 on CUDA answer UNSUPPORTED. fmha_sp_args has none of them.
+ * the forward, backward and decode of f16/bf16 CUDA layers (the forward on
+ * the portable kernel: Hopper calls with them take it instead); FP8 on CUDA
+ * answers UNSUPPORTED. fmha_sp_args has none of them.
  *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
  * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),

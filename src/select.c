@@ -55,8 +55,9 @@ const fmha_kernel_desc fmha_kernels[FMHA_KERNEL_COUNT] = {
 #define FMHA_CUDA_BWD_KERNEL(name, family, min_sm, compute, inputs, max_d, mods) \
     FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 0,  \
                   FMHA_ROLE_BACKWARD, mods)
-#define FMHA_CUDA_DEC_KERNEL(name, family, min_sm, compute, inputs, max_d) \
-    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 1, FMHA_ROLE_DECODE, 0)
+#define FMHA_CUDA_DEC_KERNEL(name, family, min_sm, compute, inputs, max_d, mods)                  \
+    FMHA_CUDA_ROW(name, family, min_sm, 0, compute, inputs, max_d, 0, 0, -1, 1, FMHA_ROLE_DECODE, \
+                  mods)
 #define FMHA_KERNEL_ID_NONE (-1)
 #define FMHA_TMA_MMA        0
 #define FMHA_TMA_WGMMA      1

@@ -91,6 +91,11 @@ static fmha_status run_decode(const fmha_config *cfg, const fmha_kvcache_args *h
                            : 1;
     d.k_descale = upload(h->k_descale, sizeof(float) * (size_t)(nd > 0 ? nd : 1));
     d.v_descale = upload(h->v_descale, sizeof(float) * (size_t)(nd > 0 ? nd : 1));
+    const int64_t H = h->q.heads > 0 ? h->q.heads : 0;
+    const int64_t nslopes =
+        h->alibi_stride_batch > 0 && B > 0 ? (B - 1) * h->alibi_stride_batch + H : H;
+    d.alibi_slopes = upload(h->alibi_slopes, sizeof(float) * (size_t)nslopes);
+    d.sinks = upload(h->sinks, sizeof(float) * (size_t)H);
     fmha_status st = fmha_decode(&c, &d);
     cudaError_t e = cudaStreamSynchronize(stream);
     TU_CHECK(e == cudaSuccess, "decode kernels failed: %s", cudaGetErrorString(e));
@@ -100,9 +105,10 @@ static fmha_status run_decode(const fmha_config *cfg, const fmha_kvcache_args *h
     download(h->lse, d.lse, sizeof(float) * (size_t)nl);
     for (int i = 0; i < 6; i++)
         cudaFree(ts[i]->data);
-    const void *arrays[8] = {d.lse,        d.cache_seqlens, d.cache_batch_idx, d.block_table,
-                             d.rotary_cos, d.rotary_sin,    d.k_descale,       d.v_descale};
-    for (int i = 0; i < 8; i++)
+    const void *arrays[10] = {d.lse,          d.cache_seqlens, d.cache_batch_idx, d.block_table,
+                              d.rotary_cos,   d.rotary_sin,    d.k_descale,       d.v_descale,
+                              d.alibi_slopes, d.sinks};
+    for (int i = 0; i < 10; i++)
         cudaFree((void *)arrays[i]);
     return st;
 }
@@ -127,7 +133,7 @@ typedef struct dcase {
     fmha_kv_descale_layout kvl;
     int bound; /* pass max_seqlen_k (on CUDA: the arrays checked there) */
     int64_t max_keys;
-    int alibi, sinks; /* CPU: ALiBi slopes (1 per head, 2 per sequence and head), sinks */
+    int alibi, sinks; /* ALiBi slopes (1 per head, 2 per sequence and head), sinks */
 } dcase;
 
 /* The inputs of one case, the caches twice (reference, fast path). */
@@ -190,12 +196,10 @@ static dcase random_case(tu_rng *r, fmha_cpu_isa isa)
     c.f8 = tu_range(r, 3) == 0;
     c.kvl = (fmha_kv_descale_layout)tu_range(r, 3);
     c.bound = tu_range(r, 3) == 0;
-#ifndef FMHA_TEST_CUDA
     if (tu_range(r, 4) == 0) {
         c.alibi = (int)tu_range(r, 3);
         c.sinks = c.alibi == 0 ? 1 : (int)tu_range(r, 2);
     }
-#endif
     return c;
 }
 

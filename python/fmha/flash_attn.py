@@ -12,8 +12,8 @@ Differences from flash_attn:
   raise NotImplementedError; flash_attn_with_kvcache takes block_table
   (paged KV caches), on the CPU and on CUDA;
 - alibi_slopes ([H] or [B, H] float32) is a constant for autograd (slopes
-  that require grad raise; flash_attn_with_kvcache on CUDA raises
-  UnsupportedError with slopes; CUDA takes them with f16/bf16 inputs);
+  that require grad raise; CUDA takes them with f16/bf16 inputs, in
+  flash_attn_with_kvcache too);
 - `deterministic` is accepted and ignored (fmha's forward, and its CPU
   backward, are deterministic anyway);
 - dropout draws its seed from fmha's generator (fmha.manual_seed), not

@@ -64,7 +64,30 @@ struct dec_params {
     int64_t cache_rows;       /* pages of a paged cache, rows of a contiguous one */
     int64_t split_keys;       /* keys of a split, a multiple of the tile */
     float *part_o, *part_lse; /* splits > 1: [split][batch][heads][sq][dv], [split][...] */
+    const float *alibi;       /* ALiBi slopes [b * alibi_sb + h] (NULL: none) */
+    int64_t alibi_sb;
+    const float *sinks; /* a logit per query head (NULL: none): in the last merge */
 };
+
+constexpr float LN2_F = 0.69314718055994531f, LOG2E_F = 1.4426950408889634f;
+
+/* Query head h's sink into a finished row of max mx (log2 domain) and sum l:
+ * both become the row's plus one key of value 0; the output, x / l before,
+ * is x * (*f) / l after. */
+__device__ __forceinline__ void decode_sink(const dec_params &p, int h, float &mx, float &l,
+                                            float &f)
+{
+    f = 1.0f;
+    if (!p.sinks)
+        return;
+    const float s = p.sinks[h] * LOG2E_F;
+    if (s == -INFINITY || l != l)
+        return;
+    const float mn = fmaxf(mx, s);
+    f = mx == -INFINITY ? 0.0f : exp2f(mx - mn);
+    l = l * f + exp2f(s - mn);
+    mx = mn;
+}
 
 /* A block: RT tiles of 16 rows (RT = 2 where a KV head has more than 16
  * rows: a large GQA group or MQA, so two row tiles share each K/V tile),
@@ -98,7 +121,8 @@ template <int D, int RT, bool F8 = false> struct dtile {
     static constexpr size_t CUR = F8 ? (size_t)2 * KT * DS * 2 : 0;
     static constexpr size_t MERGE = (size_t)RT * KQ * 16 * (D + 2) * 4;
     static constexpr size_t BODY = STAGES * STAGE + CUR;
-    static constexpr size_t SMEM = (size_t)16 * RT * DS * 2 + (BODY > MERGE ? BODY : MERGE);
+    static constexpr size_t MAIN = (size_t)16 * RT * DS * 2 + (BODY > MERGE ? BODY : MERGE);
+    static constexpr size_t SMEM = MAIN + (size_t)2 * 16 * RT * 4; /* + ALiBi's per row */
 };
 
 __device__ __forceinline__ int64_t seq_keys(const dec_params &p, int b)
@@ -321,6 +345,12 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
     MT *cur = (MT *)(sBody + STAGES * G::STAGE); /* F8: [2][KT][DS], K then V */
     float *sM = (float *)sBody; /* after the loop: [RT][KQ][16] max, sum, then [RT][KQ][16][D] o */
     float *sL = sM + RT * KQ * 16, *sO = sL + RT * KQ * 16;
+    /* ALiBi, per block row: -slope log2 e / scale_log2 per key of distance,
+     * and the row's query position among the keys (a float: exact below 2^24
+     * keys). In
+     * shared memory, read per tile: registers held across the loop would
+     * spill in the variants without ALiBi too. */
+    float *sSlope = (float *)(smem + G::MAIN), *sDiag = sSlope + 16 * RT;
     auto stage_k = [&](int s) { return sBody + s * G::STAGE; };
     auto stage_v = [&](int s) { return sBody + s * G::STAGE + KT * SB; };
     auto stage_kd = [&](int s) { return (float *)(sBody + s * G::STAGE + 2 * KT * SB); };
@@ -374,6 +404,14 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
     /* This thread's two rows (lane / 4 and lane / 4 + 8 of its row tile):
      * their visible keys within the split. */
     int64_t lo[2], hi[2];
+    if (p.alibi)
+        for (int r = threadIdx.x; r < 16 * RT; r += G::THREADS) {
+            const int pr = r0 + r;
+            sSlope[r] = r < rows ? -p.alibi[b * p.alibi_sb + hk * p.group + pr % p.group] *
+                                       LOG2E_F / p.scale_log2
+                                 : 0.0f;
+            sDiag[r] = (float)(pr / p.group + sk - p.sq);
+        } /* read after the __syncthreads before the first tile */
 #pragma unroll
     for (int rh = 0; rh < 2; rh++) {
         const int r = lane / 4 + rh * 8;
@@ -514,6 +552,19 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
                 for (int e = 0; e < 4; e++)
                     s[i][e] = tanh_fast(s[i][e] * p.softcap_in) * p.softcap_out;
         }
+        if (p.alibi) { /* the slope's bias, in S's units (times scale_log2 below) */
+#pragma unroll
+            for (int rh = 0; rh < 2; rh++) {
+                const int r = rl * 16 + lane / 4 + rh * 8;
+                const float sl = sSlope[r], dg = sDiag[r];
+#pragma unroll
+                for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        s[i][2 * rh + e] +=
+                            sl * fabsf(dg - (float)(n0 + i * 8 + (lane % 4) * 2 + e));
+            }
+        }
         /* Keys a row does not see (or past the split) out; then the online softmax. */
 #pragma unroll
         for (int rh = 0; rh < 2; rh++) {
@@ -617,9 +668,15 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
             l += sL[m0 + w * 16] * f;
             x += sO[(m0 + w * 16) * D + c] * f;
         }
+        if (p.splits == 1 && p.sinks) { /* else the splits' merge adds the sink */
+            float f;
+            const int pr = r0 + r;
+            decode_sink(p, hk * p.group + pr % p.group, mx, l, f);
+            x *= f;
+        }
         const float inv = l > 0.0f ? oscale / l : 0.0f;
         /* A NaN row keeps a NaN LSE; a row of no key -inf (store_lse's rule). */
-        const float lse = l > 0.0f || l != l ? (mx + log2f(l)) * 0.69314718055994531f : -INFINITY;
+        const float lse = l > 0.0f || l != l ? (mx + log2f(l)) * LN2_F : -INFINITY;
         put(r, c, any_bad ? NAN : x * inv, any_bad ? NAN : lse);
     }
 }
@@ -633,16 +690,18 @@ __global__ void merge_splits(const dec_params p)
     const int lane = threadIdx.x % 32;
     if (row >= nrows)
         return;
-    float mx = -INFINITY;
+    const int i = (int)(row % p.sq), h = (int)(row / p.sq % p.heads),
+              b = (int)(row / p.sq / p.heads);
+    /* the sink: one more part, of logit sinks[h] and output 0 */
+    const float sink = p.sinks ? p.sinks[h] : -INFINITY;
+    float mx = sink;
     for (int s = 0; s < p.splits; s++)
         mx = fmaxf(mx, p.part_lse[s * nrows + row]);
     const float base = mx == -INFINITY ? 0.0f : mx;
-    float total = 0.0f;
+    float total = sink == -INFINITY ? 0.0f : __expf(sink - base);
     for (int s = 0; s < p.splits; s++)
         total += __expf(p.part_lse[s * nrows + row] - base);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    const int i = (int)(row % p.sq), h = (int)(row / p.sq % p.heads),
-              b = (int)(row / p.sq / p.heads);
     char *orow = (char *)p.o + (b * p.o_sb + (int64_t)i * p.o_ss + (int64_t)h * p.o_sh) *
                                    (p.out_dtype == FMHA_DTYPE_F32 ? 4 : 2);
     for (int c = lane; c < p.dv; c += 32) {
@@ -803,6 +862,9 @@ void fill_params(const fmha_problem *pb, dec_params *p)
         p->aligned = chunk_aligned(a->q) && chunk_aligned(a->k) && chunk_aligned(a->v);
     }
     p->splits = 1;
+    p->alibi = kv->alibi_slopes;
+    p->alibi_sb = kv->alibi_stride_batch;
+    p->sinks = kv->sinks;
 }
 
 /* How many splits: num_splits where the caller gave one, else the fewest

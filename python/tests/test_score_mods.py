@@ -212,9 +212,10 @@ def test_backward(causal):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_varlen_backward():
-    rng = np.random.default_rng(9)
-    lens_q, lens_k = [4, 7], [10, 6]
+def _packed_inputs(seed):
+    """Two packed sequences (4 and 7 queries, 10 and 6 keys): cu_seqlens_q,
+    cu_seqlens_k, q, k, v, dout, per-head slopes and sinks (float32)."""
+    rng = np.random.default_rng(seed)
     cu_q = np.array([0, 4, 11], np.int32)
     cu_k = np.array([0, 10, 16], np.int32)
     q = rng.standard_normal((11, H, D)).astype(np.float32)
@@ -223,6 +224,12 @@ def test_varlen_backward():
     dout = rng.standard_normal((11, H, D)).astype(np.float32)
     slopes = (0.3 * rng.random(H)).astype(np.float32)
     sinks = rng.standard_normal(H).astype(np.float32)
+    return cu_q, cu_k, q, k, v, dout, slopes, sinks
+
+
+def test_varlen_backward():
+    lens_q, lens_k = [4, 7], [10, 6]
+    cu_q, cu_k, q, k, v, dout, slopes, sinks = _packed_inputs(9)
     out, lse = fmha.varlen_attention(q, k, v, cu_q, cu_k, 0, 0, alibi_slopes=slopes, sinks=sinks,
                                      return_lse=True)
     dq, dk, dv, dsinks = fmha.varlen_attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, 0, 0,
@@ -320,15 +327,8 @@ def test_torch_autograd(causal):
 
 def test_torch_autograd_varlen_and_layer():
     torch = pytest.importorskip("torch")
+    cu_q, cu_k, q, k, v, dout, slopes, sinks = _packed_inputs(12)
     rng = np.random.default_rng(12)
-    cu_q = np.array([0, 4, 11], np.int32)
-    cu_k = np.array([0, 10, 16], np.int32)
-    q = rng.standard_normal((11, H, D)).astype(np.float32)
-    k = rng.standard_normal((16, HKV, D)).astype(np.float32)
-    v = rng.standard_normal((16, HKV, D)).astype(np.float32)
-    dout = rng.standard_normal((11, H, D)).astype(np.float32)
-    slopes = (0.3 * rng.random(H)).astype(np.float32)
-    sinks = rng.standard_normal(H).astype(np.float32)
     want = fmha.varlen_attention_backward(dout, q, k, v, *fmha.varlen_attention(
         q, k, v, cu_q, cu_k, 0, 0, alibi_slopes=slopes, sinks=sinks, return_lse=True),
         cu_q, cu_k, 0, 0, alibi_slopes=slopes, sinks=sinks)

@@ -252,16 +252,17 @@ __device__ __forceinline__ float score_bias(const flash_params &p, int64_t b, in
     return x;
 }
 
-/* The sink of head h (fmha.h) into a finished row: its running max m (log2
- * domain) and sum l become those of the row plus one key of value 0 and
- * logit sink; the output, o / l before, is o * (*scale) / l after. */
-__device__ __forceinline__ void add_sink(const flash_params &p, int h, float &m, float &l,
+/* The sink of head h (fmha.h; sinks NULL: none) into a finished row: its
+ * running max m (log2 domain) and sum l become those of the row plus one key
+ * of value 0 and logit sink; the output, o / l before, is o * (*scale) / l
+ * after. The forward's and decode's last step. */
+__device__ __forceinline__ void add_sink(const float *sinks, int h, float &m, float &l,
                                          float &scale)
 {
     scale = 1.0f;
-    if (!p.sinks)
+    if (!sinks)
         return;
-    const float x = p.sinks[h] * 1.4426950408889634f;
+    const float x = sinks[h] * 1.4426950408889634f;
     if (x == -INFINITY || m != m || l != l)
         return;
     const float mn = fmaxf(m, x);

@@ -71,24 +71,6 @@ struct dec_params {
 
 constexpr float LN2_F = 0.69314718055994531f, LOG2E_F = 1.4426950408889634f;
 
-/* Query head h's sink into a finished row of max mx (log2 domain) and sum l:
- * both become the row's plus one key of value 0; the output, x / l before,
- * is x * (*f) / l after. */
-__device__ __forceinline__ void decode_sink(const dec_params &p, int h, float &mx, float &l,
-                                            float &f)
-{
-    f = 1.0f;
-    if (!p.sinks)
-        return;
-    const float s = p.sinks[h] * LOG2E_F;
-    if (s == -INFINITY || l != l)
-        return;
-    const float mn = fmaxf(mx, s);
-    f = mx == -INFINITY ? 0.0f : exp2f(mx - mn);
-    l = l * f + exp2f(s - mn);
-    mx = mn;
-}
-
 /* A block: RT tiles of 16 rows (RT = 2 where a KV head has more than 16
  * rows: a large GQA group or MQA, so two row tiles share each K/V tile),
  * four key quarters per row tile, and for D = 256 two warps per quarter
@@ -347,9 +329,8 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
     float *sL = sM + RT * KQ * 16, *sO = sL + RT * KQ * 16;
     /* ALiBi, per block row: -slope log2 e / scale_log2 per key of distance,
      * and the row's query position among the keys (a float: exact below 2^24
-     * keys). In
-     * shared memory, read per tile: registers held across the loop would
-     * spill in the variants without ALiBi too. */
+     * keys). In shared memory, read per tile: registers held across the loop
+     * would spill in the variants without ALiBi too. */
     float *sSlope = (float *)(smem + G::MAIN), *sDiag = sSlope + 16 * RT;
     auto stage_k = [&](int s) { return sBody + s * G::STAGE; };
     auto stage_v = [&](int s) { return sBody + s * G::STAGE + KT * SB; };
@@ -671,7 +652,7 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
         if (p.splits == 1 && p.sinks) { /* else the splits' merge adds the sink */
             float f;
             const int pr = r0 + r;
-            decode_sink(p, hk * p.group + pr % p.group, mx, l, f);
+            add_sink(p.sinks, hk * p.group + pr % p.group, mx, l, f);
             x *= f;
         }
         const float inv = l > 0.0f ? oscale / l : 0.0f;

@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
                 continue;
             float m = m_row[mt][rh], f = 1.0f;
             if (MODS)
-                add_sink(p, h, m, l, f);
+                add_sink(p.sinks, h, m, l, f);
             const float inv = l > 0.0f ? f / l : 0.0f;
             store_out_frag<D>(p, block_out_row(p, bs, r), lane,
                               [&](int j, int e) { return o[mt][j][2 * rh + e] * inv; });

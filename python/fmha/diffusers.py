@@ -160,11 +160,6 @@ def _register_backend():
 BACKEND = _register_backend()
 
 
-def _attend(query, key, value, attn_mask=None):
-    """[B, S, H, D] query/key/value -> [B, Sq, H, D], fmha, default scale."""
-    return sdpa(query, key, value, attn_mask)
-
-
 class FmhaAttnProcessor:
     """AttnProcessor2_0's computation on fmha, for diffusers' `Attention`."""
 
@@ -210,7 +205,7 @@ class FmhaAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        hidden_states = _attend(query, key, value, attention_mask)
+        hidden_states = sdpa(query, key, value, attention_mask)
         hidden_states = hidden_states.reshape(batch, -1, attn.heads * hidden_states.shape[-1])
         hidden_states = hidden_states.to(query.dtype)
 
@@ -252,7 +247,7 @@ class FmhaFluxAttnProcessor:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
 
-        out = _attend(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
+        out = sdpa(query, key, value, attention_mask).flatten(2, 3).to(query.dtype)
 
         if encoder_hidden_states is None:
             return out

@@ -62,18 +62,14 @@ def test_attention_matches_sdpa(case):
 
 def test_wrong_scale_is_caught():
     """The comparison can fail: a processor attending with a doubled scale."""
-    orig = fd._attend
+    orig = fd.sdpa
     try:
-        fd._attend = lambda q, k, v, mask=None: fmha_scaled(q, k, v, 2.0)
+        fd.sdpa = lambda q, k, v, mask=None: orig(q, k, v, mask, scale=2.0 * q.shape[-1] ** -0.5)
         x = torch.randn(2, 7, 32)
         want, got = _both(_attention(), x)
         assert not _close(want, got)
     finally:
-        fd._attend = orig
-
-
-def fmha_scaled(q, k, v, factor):
-    return fd.sdpa(q, k, v, scale=factor * q.shape[-1] ** -0.5)
+        fd.sdpa = orig
 
 
 @pytest.mark.parametrize("kind", ["additive", "bool", "per_query"])

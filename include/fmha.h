@@ -514,8 +514,17 @@ FMHA_API fmha_status fmha_sp_tokens(const fmha_sp_config *sp, int64_t seqlen, in
  *                 head_dim], the same on every rank; out_joint (and lse_joint
  *                 [batch, num_heads, T], optional) is written on every rank
  *   seed, offset  the dropout stream, the same on every rank
+ *   cu_seqlens, varlen_batch
+ *                 packed sequences (0 and NULL: a padded batch): the whole
+ *                 sequences' offsets, varlen_batch + 1 int32 in host memory,
+ *                 the same on every rank, seqlen = cu_seqlens[varlen_batch].
+ *                 Each sequence is sharded as fmha_sp_tokens shards a
+ *                 sequence of its length, and a rank's q, k, v and out hold
+ *                 its tokens of sequence 0, then those of sequence 1, and so
+ *                 on: batch 1, lse [num_heads, n] (fmha_forward's packed
+ *                 layout). No joint tokens.
  * Masks (causal, windows) apply to positions in the whole sequence (text
- * included). Padded batches only (no cu_seqlens). */
+ * included; of packed sequences, each sequence's own). */
 typedef struct fmha_sp_args {
     fmha_tensor q, k, v, out;
     float *lse;
@@ -524,6 +533,8 @@ typedef struct fmha_sp_args {
     fmha_tensor q_joint, k_joint, v_joint, out_joint;
     float *lse_joint;
     uint64_t seed, offset;
+    const int32_t *cu_seqlens;
+    int64_t varlen_batch;
 } fmha_sp_args;
 
 /* Collective over `comm`: every rank calls it with the same configuration

@@ -906,7 +906,47 @@ fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, i
         return INVALID("joint (%d) is not a fmha_sp_joint value", (int)a->joint);
     if ((st = check_sp_tensors(cfg, &a->q, &a->k, &a->v, &a->out, a->lse)) != FMHA_STATUS_OK)
         return st;
-    const fmha_sp_tokmap mine = fmha_sp_rank_tokens(sp, a->seqlen, rank);
+    if ((a->cu_seqlens == NULL) != (a->varlen_batch == 0))
+        return INVALID("cu_seqlens (%s) and varlen_batch (%lld): give both (packed sequences) "
+                       "or neither (a padded batch)",
+                       a->cu_seqlens ? "given" : "NULL", (long long)a->varlen_batch);
+    if (a->cu_seqlens) {
+        if (a->varlen_batch < 0 || a->varlen_batch >= INT32_MAX)
+            return INVALID("varlen_batch (%lld) must be in [1, 2^31 - 1) (cu_seqlens hold "
+                           "varlen_batch + 1 entries)",
+                           (long long)a->varlen_batch);
+        if (a->q.batch != 1)
+            return INVALID("packed sequences have batch 1 (q.batch is %lld): a rank's tokens "
+                           "of every sequence, one after another",
+                           (long long)a->q.batch);
+        if (a->joint != FMHA_SP_JOINT_NONE)
+            return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
+                                  "joint tokens with packed sequences (cu_seqlens) are not "
+                                  "supported: give each sequence's text as part of it");
+        int64_t longest;
+        if ((st = check_cu_seqlens(a->cu_seqlens, a->varlen_batch, a->seqlen, "cu_seqlens",
+                                   &longest)) != FMHA_STATUS_OK)
+            return st;
+        if (a->cu_seqlens[a->varlen_batch] != a->seqlen)
+            return INVALID("cu_seqlens[%lld] (%d) differs from seqlen (%lld): seqlen is the "
+                           "tokens of all the packed sequences",
+                           (long long)a->varlen_batch, (int)a->cu_seqlens[a->varlen_batch],
+                           (long long)a->seqlen);
+    }
+    fmha_sp_tokmap mine = fmha_sp_rank_tokens(sp, a->seqlen, rank);
+    if (a->cu_seqlens) {
+        mine.total = 0;
+        for (int64_t b = 0; b < a->varlen_batch; b++)
+            mine.total += fmha_sp_member_count(sp, a->cu_seqlens[b + 1] - a->cu_seqlens[b],
+                                               rank / sp->ulysses, rank % sp->ulysses);
+    }
+    if (a->cu_seqlens && a->q.seqlen != mine.total)
+        return INVALID("q.seqlen (%lld) differs from the %lld tokens rank %d holds of %lld "
+                       "packed sequences over ulysses %d x ring %d (%s layout): shard each "
+                       "sequence with fmha_sp_tokens",
+                       (long long)a->q.seqlen, (long long)mine.total, rank,
+                       (long long)a->varlen_batch, sp->ulysses, sp->ring,
+                       sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
     if (a->q.seqlen != mine.total)
         return INVALID("q.seqlen (%lld) differs from the %lld tokens rank %d holds of a sequence "
                        "of %lld over ulysses %d x ring %d (%s layout): shard with fmha_sp_tokens",
@@ -948,6 +988,8 @@ fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, i
     pb->img0 = a->joint == FMHA_SP_JOINT_FRONT ? text : 0;
     pb->text0 = a->joint == FMHA_SP_JOINT_REAR ? a->seqlen : 0;
     pb->local = mine.total;
+    pb->cu = a->cu_seqlens;
+    pb->nseq = a->cu_seqlens ? a->varlen_batch : 0;
     return FMHA_STATUS_OK;
 }
 

@@ -1,10 +1,11 @@
 /* test_sp_mpi.c — sequence parallelism over MPI on CPU ranks (run by ctest
- * under mpirun -np 2 and -np 4): every split ulysses x ring of the ranks,
+ * under mpirun -np 2, 3 and 4): every split ulysses x ring of the ranks,
  * contiguous and zigzag, against a single-process fmha_forward over the
  * whole sequence and the float64 reference, on awkward sizes: MHA, GQA
  * (KV heads split and replicated), causal, sliding windows, softcap,
  * dropout, joint tokens in front and at the rear, bf16 and f32, ranks with
- * no token. Each rank's out and LSE are checked (poisoned gaps untouched),
+ * no token, packed sequences (cu_seqlens) of uneven lengths, empty ones
+ * among them. Each rank's out and LSE are checked (poisoned gaps untouched),
  * then the refusals with their messages. */
 #include "testutil.h"
 
@@ -22,13 +23,16 @@ typedef struct sp_case {
     int64_t wl, wr;
     double softcap, dropout;
     fmha_sp_joint joint;
+    int nseq;    /* packed sequences (0: a padded batch of b); s is their total */
+    int lens[8]; /* their lengths */
 } sp_case;
 
 /* The whole problem's tensors, the same on every rank (same seed). */
 typedef struct whole {
     tu_tensor q, k, v, out, ref;
     float *lse, *lse_ref;
-    int64_t n; /* S + T */
+    int64_t n;     /* S + T */
+    int32_t cu[9]; /* packed: the sequences' offsets */
 } whole;
 
 static int64_t img_pos(const sp_case *c, int64_t i)
@@ -74,6 +78,13 @@ static void whole_init(whole *w, const sp_case *c, uint64_t seed)
     fmha_forward_args a = {0};
     a.q = w->q.t, a.k = w->k.t, a.v = w->v.t, a.out = w->out.t, a.lse = w->lse;
     a.seed = 1234, a.offset = 77;
+    w->cu[0] = 0;
+    for (int i = 0; i < c->nseq; i++)
+        w->cu[i + 1] = w->cu[i] + c->lens[i];
+    if (c->nseq) {
+        a.cu_seqlens_q = a.cu_seqlens_k = w->cu;
+        a.varlen_batch = c->nseq;
+    }
     TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "whole: %s", fmha_last_error());
     a.out = w->ref.t, a.lse = w->lse_ref;
     TU_CHECK(fmha_reference_forward(&cfg, &a) == FMHA_STATUS_OK, "reference: %s",
@@ -137,7 +148,7 @@ static void describe(const sp_case *c, const fmha_sp_config *sp, char *buf, size
 {
     snprintf(buf, n,
              "ranks=%d u=%d r=%d %s b=%lld s=%lld t=%lld(%s) h=%lld kv=%lld d=%lld %s->%s "
-             "causal=%d win=(%lld,%lld) softcap=%g drop=%g",
+             "causal=%d win=(%lld,%lld) softcap=%g drop=%g nseq=%d",
              ranks, sp->ulysses, sp->ring,
              sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contig", (long long)c->b,
              (long long)c->s, (long long)c->t,
@@ -146,7 +157,20 @@ static void describe(const sp_case *c, const fmha_sp_config *sp, char *buf, size
                                               : "-",
              (long long)c->h, (long long)c->kv, (long long)c->d, fmha_dtype_name(c->dt),
              fmha_dtype_name(c->odt), c->causal, (long long)c->wl, (long long)c->wr, c->softcap,
-             c->dropout);
+             c->dropout, c->nseq);
+}
+
+/* The tokens rank p holds, of every packed sequence. */
+static int64_t rank_tokens(const sp_case *c, const fmha_sp_config *sp, int p)
+{
+    int64_t n = 0;
+    for (int i = 0; i < (c->nseq ? c->nseq : 1); i++) {
+        int64_t start[2], len[2];
+        int nseg;
+        fmha_sp_tokens(sp, c->nseq ? c->lens[i] : c->s, p, start, len, &nseg);
+        n += len[0] + (nseg > 1 ? len[1] : 0);
+    }
+    return n;
 }
 
 /* What one rank sends (docs/sequence_parallel.md): Ulysses' q, k, v of its
@@ -160,19 +184,13 @@ static int64_t expected_bytes(const sp_case *c, const fmha_sp_config *sp, int64_
     const int64_t kvl = c->kv % u == 0 ? c->kv / u : 1, slot = rank / u, member = rank % u;
     int64_t total = 0;
     int64_t slot_len[64] = {0};
-    for (int64_t i = 0; i < r; i++) {
-        int64_t start[2], len[2];
-        int nseg;
-        fmha_sp_config one = *sp;
-        one.ulysses = 1;
-        fmha_sp_tokens(&one, c->s, (int)i, start, len, &nseg);
-        slot_len[i] = len[0] + (nseg > 1 ? len[1] : 0);
-    }
-    const int64_t L = slot_len[slot];
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < u; j++)
+            slot_len[i] += rank_tokens(c, sp, (int)(i * u + j));
     for (int64_t j = 0; j < u; j++) {
         if (j == member)
             continue;
-        const int64_t lj = L * (j + 1) / u - L * j / u;
+        const int64_t lj = rank_tokens(c, sp, (int)(slot * u + j));
         total += n * c->b * (hl + 2 * kvl) * c->d * e; /* q, k, v in */
         total += lj * c->b * hl * (c->d * oe + 4);     /* out and lse back */
     }
@@ -195,14 +213,17 @@ static void run_mode(const sp_case *c, const whole *w, fmha_comm *comm, const fm
 {
     char what[256];
     describe(c, sp, what, sizeof what);
-    int64_t start[2], len[2];
-    int nseg;
-    TU_CHECK(fmha_sp_tokens(sp, c->s, rank, start, len, &nseg) == FMHA_STATUS_OK, "tokens: %s",
-             fmha_last_error());
     int64_t n = 0, *pos = malloc(sizeof(int64_t) * (size_t)(c->s + 1));
-    for (int i = 0; i < nseg; i++)
-        for (int64_t j = 0; j < len[i]; j++)
-            pos[n++] = img_pos(c, start[i] + j);
+    for (int b = 0; b < (c->nseq ? c->nseq : 1); b++) {
+        int64_t start[2], len[2];
+        int nseg;
+        TU_CHECK(fmha_sp_tokens(sp, c->nseq ? c->lens[b] : c->s, rank, start, len, &nseg) ==
+                     FMHA_STATUS_OK,
+                 "tokens: %s", fmha_last_error());
+        for (int i = 0; i < nseg; i++)
+            for (int64_t j = 0; j < len[i]; j++)
+                pos[n++] = c->nseq ? w->cu[b] + start[i] + j : img_pos(c, start[i] + j);
+    }
     int64_t *tpos = malloc(sizeof(int64_t) * (size_t)(c->t + 1));
     for (int64_t i = 0; i < c->t; i++)
         tpos[i] = text_pos(c, i);
@@ -233,6 +254,10 @@ static void run_mode(const sp_case *c, const whole *w, fmha_comm *comm, const fm
     a.q = q.t, a.k = k.t, a.v = v.t, a.out = out.t, a.lse = lse;
     a.seqlen = c->s;
     a.seed = 1234, a.offset = 77;
+    if (c->nseq) {
+        a.cu_seqlens = w->cu;
+        a.varlen_batch = c->nseq;
+    }
     if (T) {
         a.joint = c->joint;
         a.q_joint = qj.t, a.k_joint = kj.t, a.v_joint = vj.t, a.out_joint = oj.t;
@@ -323,9 +348,14 @@ static void test_refusals(fmha_comm *comm)
     expect_error(comm, &cfg, &sp, &a, want);
     /* 6 heads over 4 ranks; on 2 ranks: 3 KV heads (with 6 query heads) over u = 2. */
     fmha_sp_config_init(&sp, ranks, 1);
-    if (ranks == 4)
+    if (ranks == 4) {
         expect_error(comm, &cfg, &sp, &a, "num_heads (6) is not divisible by ulysses (4)");
-    else
+    } else if (ranks == 3) { /* 6 / 3 heads each, but 2 KV heads neither split nor shared */
+        cfg.num_kv_heads = 2;
+        expect_error(comm, &cfg, &sp, &a,
+                     "num_kv_heads (2) and ulysses (3): neither divides the other");
+        cfg.num_kv_heads = 3;
+    } else
         expect_error(comm, &cfg, &sp, &a,
                      "num_kv_heads (3) and ulysses (2): neither divides the other");
     fmha_sp_config_init(&sp, 1, ranks);
@@ -333,6 +363,32 @@ static void test_refusals(fmha_comm *comm)
     snprintf(want, sizeof want, "q.seqlen (5) differs from the %lld tokens rank %d holds",
              (long long)(100 * (rank + 1) / ranks - 100 * rank / ranks), rank);
     expect_error(comm, &cfg, &sp, &a, want);
+    /* Packed sequences: both arrays or neither, their total, batch 1, no text. */
+    const int32_t cu[3] = {0, 2 * ranks, 5 * ranks};
+    a.seqlen = 5 * ranks;
+    a.cu_seqlens = cu;
+    expect_error(comm, &cfg, &sp, &a, "cu_seqlens (given) and varlen_batch (0): give both");
+    a.varlen_batch = 2;
+    a.seqlen = 5 * ranks + 1;
+    snprintf(want, sizeof want, "cu_seqlens[2] (%d) differs from seqlen (%d)", 5 * ranks,
+             5 * ranks + 1);
+    expect_error(comm, &cfg, &sp, &a, want);
+    a.seqlen = 5 * ranks;
+    const int32_t cu_down[3] = {0, 3 * ranks, 2 * ranks};
+    a.cu_seqlens = cu_down;
+    expect_error(comm, &cfg, &sp, &a, "cu_seqlens decreases at entry 2");
+    a.cu_seqlens = cu;
+    a.q.batch = a.k.batch = a.v.batch = a.out.batch = 2; /* refused before anything is read */
+    expect_error(comm, &cfg, &sp, &a, "packed sequences have batch 1 (q.batch is 2)");
+    a.q.batch = a.k.batch = a.v.batch = a.out.batch = 1;
+    const int32_t cu_one[3] = {0, 0, 7 * ranks}; /* one sequence of 7 per rank: not 5 */
+    a.cu_seqlens = cu_one;
+    a.seqlen = 7 * ranks;
+    snprintf(want, sizeof want, "q.seqlen (5) differs from the 7 tokens rank %d holds of 2 packed",
+             rank);
+    expect_error(comm, &cfg, &sp, &a, want);
+    a.cu_seqlens = NULL;
+    a.varlen_batch = 0;
     a.seqlen = 5 * ranks;
     cfg.device = FMHA_DEVICE_CUDA;
     expect_error(comm, &cfg, &sp, &a, "cfg.device is cuda, but the mpi communicator moves host");
@@ -357,19 +413,39 @@ int main(int argc, char **argv)
              ranks);
     const fmha_dtype F32 = FMHA_DTYPE_F32, BF16 = FMHA_DTYPE_BF16;
     const sp_case cases[] = {
-        /* b, s, t, h, kv, d, dt, odt, causal, wl, wr, softcap, dropout, joint */
-        {1, 113, 0, 4, 4, 32, F32, F32, 0, -1, -1, 0, 0, FMHA_SP_JOINT_NONE},
-        {2, 239, 0, 4, 2, 40, BF16, F32, 1, -1, -1, 0, 0, FMHA_SP_JOINT_NONE},
-        {1, 200, 0, 4, 1, 64, F32, F32, 1, -1, -1, 0, 0, FMHA_SP_JOINT_NONE},
-        {1, 150, 0, 4, 4, 32, F32, F32, 0, 17, 5, 0, 0, FMHA_SP_JOINT_NONE},
-        {1, 131, 0, 4, 2, 32, F32, F32, 1, 40, -1, 0, 0, FMHA_SP_JOINT_NONE},
-        {1, 97, 0, 4, 4, 32, F32, F32, 0, -1, -1, 0, 0.3, FMHA_SP_JOINT_NONE},
-        {1, 120, 0, 8, 2, 32, F32, F32, 1, -1, -1, 0, 0.2, FMHA_SP_JOINT_NONE},
-        {1, 101, 19, 4, 4, 32, F32, F32, 0, -1, -1, 0, 0, FMHA_SP_JOINT_FRONT},
-        {2, 90, 13, 4, 2, 32, BF16, BF16, 0, -1, -1, 0, 0, FMHA_SP_JOINT_REAR},
-        {1, 77, 9, 4, 4, 32, F32, F32, 0, -1, -1, 30.0, 0.1, FMHA_SP_JOINT_FRONT},
-        {1, 7, 0, 4, 4, 16, F32, F32, 1, -1, -1, 0, 0, FMHA_SP_JOINT_NONE},
-        {1, 3, 5, 4, 4, 16, F32, F32, 0, 2, 2, 0, 0, FMHA_SP_JOINT_REAR},
+        /* b, s, t, h, kv, d, dt, odt, causal, wl, wr, softcap, dropout, joint, nseq, lens */
+        {1, 113, 0, 4, 4, 32, F32, F32, 0, -1, -1, 0, 0, FMHA_SP_JOINT_NONE, 0, {0}},
+        {2, 239, 0, 4, 2, 40, BF16, F32, 1, -1, -1, 0, 0, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 200, 0, 4, 1, 64, F32, F32, 1, -1, -1, 0, 0, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 150, 0, 4, 4, 32, F32, F32, 0, 17, 5, 0, 0, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 131, 0, 4, 2, 32, F32, F32, 1, 40, -1, 0, 0, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 97, 0, 4, 4, 32, F32, F32, 0, -1, -1, 0, 0.3, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 120, 0, 8, 2, 32, F32, F32, 1, -1, -1, 0, 0.2, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 101, 19, 4, 4, 32, F32, F32, 0, -1, -1, 0, 0, FMHA_SP_JOINT_FRONT, 0, {0}},
+        {2, 90, 13, 4, 2, 32, BF16, BF16, 0, -1, -1, 0, 0, FMHA_SP_JOINT_REAR, 0, {0}},
+        {1, 77, 9, 4, 4, 32, F32, F32, 0, -1, -1, 30.0, 0.1, FMHA_SP_JOINT_FRONT, 0, {0}},
+        {1, 7, 0, 4, 4, 16, F32, F32, 1, -1, -1, 0, 0, FMHA_SP_JOINT_NONE, 0, {0}},
+        {1, 3, 5, 4, 4, 16, F32, F32, 0, 2, 2, 0, 0, FMHA_SP_JOINT_REAR, 0, {0}},
+        /* packed sequences: b 1, s their total */
+        {1,
+         215,
+         0,
+         4,
+         2,
+         32,
+         F32,
+         F32,
+         1,
+         -1,
+         -1,
+         0,
+         0,
+         FMHA_SP_JOINT_NONE,
+         5,
+         {37, 0, 101, 3, 74}},
+        {1, 190, 0, 4, 4, 40, BF16, F32, 0, -1, -1, 0, 0.2, FMHA_SP_JOINT_NONE, 3, {90, 1, 99}},
+        {1, 160, 0, 4, 1, 32, F32, F32, 1, 23, -1, 0, 0.1, FMHA_SP_JOINT_NONE, 4, {64, 0, 33, 63}},
+        {1, 119, 0, 8, 4, 16, F32, F32, 0, 9, 4, 20.0, 0, FMHA_SP_JOINT_NONE, 2, {0, 119}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], comm, 100 + i);

@@ -24,7 +24,10 @@ typedef struct sp_run {
     int64_t head0; /* this rank's first query head */
     void *bufs[MAX_BUFS];
     int nbufs;
-    void *pending; /* the ring's transfer in flight, polled between pieces */
+    void *pending;       /* the ring's transfer in flight, polled between pieces */
+    struct run *run_mem; /* host memory of two run lists (runs_of) of run_cap each */
+    int64_t run_cap;
+    int64_t *member_at; /* [u], runs_of's scratch */
     /* The running result of this rank's query rows and of the text's rows. */
     fmha_tensor acc, tacc; /* f32, token-major */
     fmha_lse_view acc_lse, tacc_lse;
@@ -93,15 +96,16 @@ static void poll(sp_run *r)
         r->comm->ops->progress(r->comm, r->pending);
 }
 
-/* Attention of query rows at sequence positions [qpos, qpos + nq) (q, with
+/* Attention of query rows at sequence positions [qpos, qpos + nq) of
+ * packed sequence `seq` (-1: the padded batch's sequences) (q, with
  * their running result at acc / acc_lse) to the keys at [kpos, kpos + nk)
  * (k, v), merged into the running result. The mask is the call's, at these
  * positions: rows and keys that see nothing of each other are trimmed, and
  * what is left runs as one piece whose bottom-right-aligned window is the
  * whole problem's band moved to the piece (the band offset e - b). */
-static fmha_status attend(sp_run *r, const fmha_tensor *q, int64_t qpos, const fmha_tensor *acc,
-                          fmha_lse_view acc_lse, const fmha_tensor *k, const fmha_tensor *v,
-                          int64_t kpos)
+static fmha_status attend(sp_run *r, int64_t seq, const fmha_tensor *q, int64_t qpos,
+                          const fmha_tensor *acc, fmha_lse_view acc_lse, const fmha_tensor *k,
+                          const fmha_tensor *v, int64_t kpos)
 {
     const int64_t wl = r->cfg->window_left, wr = r->cfg->causal ? 0 : r->cfg->window_right;
     int64_t a = qpos, b = qpos + q->seqlen, c = kpos, e = kpos + k->seqlen;
@@ -132,8 +136,11 @@ static fmha_status attend(sp_run *r, const fmha_tensor *q, int64_t qpos, const f
     f.seed = r->a->seed;
     f.offset = r->a->offset;
     f.stream = r->stream;
+    /* A packed sequence's dropout stream: its heads follow the sequences
+     * before it (the kernels draw at seq * heads + head, seq 0 here). */
+    const int64_t head0 = (seq > 0 ? seq * r->pb.heads : 0) + r->head0;
     fmha_piece piece = {
-        0, wl < 0 ? -1 : wl + (e - b), wr < 0 ? -1 : wr - (e - b), a, c, r->head0, r->pb.heads};
+        0, wl < 0 ? -1 : wl + (e - b), wr < 0 ? -1 : wr - (e - b), a, c, head0, r->pb.heads};
     fmha_status st = fmha_layer_forward_piece(r->layer, &f, &piece);
     if (st != FMHA_STATUS_OK)
         return st;
@@ -146,44 +153,114 @@ static fmha_status attend(sp_run *r, const fmha_tensor *q, int64_t qpos, const f
     return r->be->merge(&mp, r->stream);
 }
 
-/* The runs of a slot's tokens as (local row, sequence position, count). */
+/* A run of a slot's tokens in its buffers: rows [row, row + len) hold
+ * positions [pos, pos + len) of packed sequence seq (-1: the padded batch,
+ * whose sequences are the buffers' batch). */
+typedef struct run {
+    int64_t row, seq, pos, len;
+} run;
+
 typedef struct run_list {
-    int n;
-    int64_t row[2], pos[2], len[2];
+    int64_t n, rows; /* runs, and the rows they cover */
+    run *v;
 } run_list;
 
-static run_list runs_of(const sp_run *r, int slot)
+/* Sequence b's tokens (the whole of them: s tokens, positions from pos0). */
+static void sequence(const fmha_sp_problem *pb, int64_t b, int64_t *s, int64_t *pos0)
 {
-    const fmha_sp_tokmap t = fmha_sp_slot_tokens(r->pb.seqlen, r->pb.r, r->sp.layout, slot);
-    run_list l = {t.n, {0, 0}, {0, 0}, {0, 0}};
-    int64_t at = 0;
-    for (int i = 0; i < t.n; i++) {
-        l.row[i] = at;
-        l.pos[i] = r->pb.img0 + t.start[i];
-        l.len[i] = t.len[i];
-        at += t.len[i];
+    *s = pb->nseq ? pb->cu[b + 1] - pb->cu[b] : pb->seqlen;
+    *pos0 = pb->nseq ? 0 : pb->img0;
+}
+
+/* How many tokens Ulysses member j of ring slot `slot` holds. */
+static int64_t member_count(const sp_run *r, int slot, int j)
+{
+    const int64_t nseq = r->pb.nseq ? r->pb.nseq : 1;
+    int64_t n = 0, s, pos0;
+    for (int64_t b = 0; b < nseq; b++) {
+        sequence(&r->pb, b, &s, &pos0);
+        n += fmha_sp_member_count(&r->sp, s, slot, j);
     }
-    return l;
+    return n;
+}
+
+/* Member j's rows of slot `slot`'s buffers: [*row0, *row0 + *n). */
+static void member_rows(const sp_run *r, int slot, int j, int64_t *row0, int64_t *n)
+{
+    *row0 = 0;
+    for (int m = 0; m < j; m++)
+        *row0 += member_count(r, slot, m);
+    *n = member_count(r, slot, j);
+}
+
+static int64_t slot_rows(const sp_run *r, int slot)
+{
+    int64_t n = 0;
+    for (int j = 0; j < r->pb.u; j++)
+        n += member_count(r, slot, j);
+    return n;
+}
+
+/* Slot `slot`'s runs, listed sequence by sequence (the order attend_runs
+ * pairs them in). The buffers hold the slot's tokens member by member (an
+ * all-to-all moves one block per member), each member's as its own tensors
+ * do: sequence 0's tokens, then sequence 1's. A padded batch is one
+ * sequence, and its members' tokens follow each other: at most two runs. */
+static void runs_of(const sp_run *r, int slot, run *mem, run_list *l)
+{
+    const fmha_sp_problem *pb = &r->pb;
+    int64_t *at = r->member_at, s, pos0;
+    at[0] = 0;
+    for (int j = 1; j < pb->u; j++)
+        at[j] = at[j - 1] + member_count(r, slot, j - 1);
+    l->n = l->rows = 0;
+    l->v = mem;
+    for (int64_t b = 0; b < (pb->nseq ? pb->nseq : 1); b++) {
+        sequence(pb, b, &s, &pos0);
+        const fmha_sp_tokmap t = fmha_sp_slot_tokens(s, pb->r, r->sp.layout, slot);
+        for (int j = 0; j < pb->u; j++) {
+            const fmha_sp_tokmap m =
+                fmha_sp_tokmap_range(&t, fmha_sp_member_offset(t.total, pb->u, j),
+                                     fmha_sp_member_offset(t.total, pb->u, j + 1));
+            for (int k = 0; k < m.n; k++) {
+                const run x = {at[j], pb->nseq ? b : -1, pos0 + m.start[k], m.len[k]};
+                run *last = l->n ? &l->v[l->n - 1] : NULL;
+                if (last && last->seq == x.seq && last->row + last->len == x.row &&
+                    last->pos + last->len == x.pos)
+                    last->len += x.len; /* adjacent in the buffer and the sequence: one */
+                else
+                    l->v[l->n++] = x;
+                at[j] += x.len;
+                l->rows += x.len;
+            }
+        }
+    }
 }
 
 /* The query rows of `qs` (tensor q, running result acc) against the keys
- * of `ks` (k, v). */
+ * of `ks` (k, v) of the same sequence. */
 static fmha_status attend_runs(sp_run *r, const fmha_tensor *q, const run_list *qs,
                                const fmha_tensor *acc, fmha_lse_view acc_lse, const fmha_tensor *k,
                                const fmha_tensor *v, const run_list *ks)
 {
-    for (int i = 0; i < qs->n; i++)
-        for (int j = 0; j < ks->n; j++) {
-            const fmha_tensor qi = rows_of(*q, qs->row[i], qs->len[i]);
-            const fmha_tensor ki = rows_of(*k, ks->row[j], ks->len[j]);
-            const fmha_tensor vi = rows_of(*v, ks->row[j], ks->len[j]);
-            const fmha_tensor ai = rows_of(*acc, qs->row[i], qs->len[i]);
-            const fmha_lse_view li = {acc_lse.data + qs->row[i], acc_lse.stride_batch,
+    int64_t j0 = 0;
+    for (int64_t i = 0; i < qs->n; i++) {
+        const run *x = &qs->v[i];
+        while (j0 < ks->n && ks->v[j0].seq < x->seq)
+            j0++;
+        for (int64_t j = j0; j < ks->n && ks->v[j].seq == x->seq; j++) {
+            const run *y = &ks->v[j];
+            const fmha_tensor qi = rows_of(*q, x->row, x->len);
+            const fmha_tensor ki = rows_of(*k, y->row, y->len);
+            const fmha_tensor vi = rows_of(*v, y->row, y->len);
+            const fmha_tensor ai = rows_of(*acc, x->row, x->len);
+            const fmha_lse_view li = {acc_lse.data + x->row, acc_lse.stride_batch,
                                       acc_lse.stride_head};
-            fmha_status st = attend(r, &qi, qs->pos[i], &ai, li, &ki, &vi, ks->pos[j]);
+            fmha_status st = attend(r, x->seq, &qi, x->pos, &ai, li, &ki, &vi, y->pos);
             if (st != FMHA_STATUS_OK)
                 return st;
         }
+    }
     return FMHA_STATUS_OK;
 }
 
@@ -217,8 +294,8 @@ static fmha_status ulysses_in(sp_run *r, const fmha_tensor *Q, const fmha_tensor
     const fmha_sp_problem *pb = &r->pb;
     const fmha_sp_args *a = r->a;
     const int u = pb->u;
-    const int64_t L = Q->seqlen, n = pb->local;
-    const int64_t my0 = fmha_sp_member_offset(L, u, pb->member);
+    int64_t my0, n;
+    member_rows(r, pb->slot, pb->member, &my0, &n);
     /* Send blocks: member j's heads of this rank's n tokens, token-major. */
     const size_t qb = (size_t)(n * pb->batch * pb->lheads * pb->d) * fmha_dtype_size(Q->dtype);
     const size_t kb = (size_t)(n * pb->batch * pb->lkv * pb->d) * fmha_dtype_size(K->dtype);
@@ -232,8 +309,9 @@ static fmha_status ulysses_in(sp_run *r, const fmha_tensor *Q, const fmha_tensor
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory for %d transfers", 6 * u);
     int nx = 0;
     for (int j = 0; j < u && st == FMHA_STATUS_OK; j++) {
-        const int64_t kv0 = fmha_sp_kv_head0(pb, j), off = fmha_sp_member_offset(L, u, j);
-        const int64_t len = fmha_sp_member_offset(L, u, j + 1) - off;
+        const int64_t kv0 = fmha_sp_kv_head0(pb, j);
+        int64_t off, len;
+        member_rows(r, pb->slot, j, &off, &len);
         const fmha_tensor src[3] = {heads_of(a->q, j * pb->lheads, pb->lheads),
                                     heads_of(a->k, kv0, pb->lkv), heads_of(a->v, kv0, pb->lkv)};
         const fmha_tensor *whole[3] = {Q, K, V};
@@ -291,8 +369,8 @@ static fmha_status ulysses_out(sp_run *r)
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory for %d transfers", 4 * u);
     int nx = 0;
     for (int j = 0; j < u && st == FMHA_STATUS_OK; j++) {
-        const int64_t off = fmha_sp_member_offset(L, u, j);
-        const int64_t len = fmha_sp_member_offset(L, u, j + 1) - off;
+        int64_t off, len;
+        member_rows(r, pb->slot, j, &off, &len);
         const int peer = rank_of(r, pb->slot, j);
         if (j != pb->member) {
             x[nx++] = (fmha_comm_xfer){peer, 1, rows_of(ot, off, len).data, block_bytes(&ot, len)};
@@ -316,7 +394,8 @@ static fmha_status ulysses_out(sp_run *r)
     if (st == FMHA_STATUS_OK)
         st = exchange(r, x, nx);
     fmha_free(x);
-    const int64_t my0 = fmha_sp_member_offset(L, u, pb->member);
+    int64_t my0, mine;
+    member_rows(r, pb->slot, pb->member, &my0, &mine);
     for (int j = 0; j < u && st == FMHA_STATUS_OK; j++) {
         const fmha_tensor src = j == pb->member ? rows_of(ot, my0, n)
                                                 : token_major(recv + ob * (size_t)j, odt, pb->batch,
@@ -412,15 +491,13 @@ static fmha_status sp_forward(sp_run *r)
     fmha_status st;
 
     /* This slot's tokens and the longest slot's. */
-    const run_list mine = runs_of(r, pb->slot);
-    int64_t L = 0, Lmax = 0;
+    run_list mine, keys;
+    runs_of(r, pb->slot, r->run_mem, &mine);
+    const int64_t L = mine.rows;
+    int64_t Lmax = 0;
     for (int s = 0; s < pb->r; s++) {
-        const run_list l = runs_of(r, s);
-        const int64_t n = l.n ? l.row[l.n - 1] + l.len[l.n - 1] : 0;
-        if (s == pb->slot)
-            L = n;
-        if (n > Lmax)
-            Lmax = n;
+        const int64_t n = slot_rows(r, s);
+        Lmax = n > Lmax ? n : Lmax;
     }
     const int64_t rows_max = L > T ? L : T;
 
@@ -462,7 +539,8 @@ static fmha_status sp_forward(sp_run *r)
     if ((st = r->be->fill_f32(r->acc_lse.data, B * Hl * L, -INFINITY, r->stream)) != FMHA_STATUS_OK)
         return st;
     fmha_tensor tq = {0}, tk = {0}, tv = {0};
-    run_list text = {0, {0, 0}, {0, 0}, {0, 0}};
+    run text_run = {0, -1, pb->text0, T};
+    const run_list text = {T > 0, T, &text_run};
     if (T > 0) {
         if ((st = take(r, &p, sizeof(float) * (size_t)(T * B * Hl * pb->dv))) != FMHA_STATUS_OK)
             return st;
@@ -477,7 +555,6 @@ static fmha_status sp_forward(sp_run *r)
         tq = heads_of(a->q_joint, r->head0, Hl);
         tk = heads_of(a->k_joint, kv0, KVl);
         tv = heads_of(a->v_joint, kv0, KVl);
-        text = (run_list){1, {0, 0}, {pb->text0, 0}, {T, 0}};
     }
 
     /* Ulysses: the slot's tokens of this rank's heads. */
@@ -496,13 +573,12 @@ static fmha_status sp_forward(sp_run *r)
     const int prev = rank_of(r, (pb->slot + pb->r - 1) % pb->r, pb->member);
     for (int t = 0; t < pb->r && st == FMHA_STATUS_OK; t++) {
         const int cur = t & 1, slot = (pb->slot - t + pb->r) % pb->r;
-        const run_list keys = runs_of(r, slot);
-        const int64_t klen = keys.n ? keys.row[keys.n - 1] + keys.len[keys.n - 1] : 0;
+        runs_of(r, slot, r->run_mem + r->run_cap, &keys);
+        const int64_t klen = keys.rows;
         K[cur].seqlen = V[cur].seqlen = klen;
         r->pending = NULL;
         if (t < pb->r - 1) {
-            const run_list in = runs_of(r, (slot + pb->r - 1) % pb->r);
-            const int64_t ilen = in.n ? in.row[in.n - 1] + in.len[in.n - 1] : 0;
+            const int64_t ilen = slot_rows(r, (slot + pb->r - 1) % pb->r);
             const fmha_comm_xfer x[4] = {
                 {next, 1, K[cur].data, block_bytes(&K[cur], klen)},
                 {next, 1, V[cur].data, block_bytes(&V[cur], klen)},
@@ -604,6 +680,18 @@ fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp, fm
     if (!r.be)
         return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "this fmha has no %s backend",
                               cfg->device == FMHA_DEVICE_CUDA ? "CUDA" : "CPU");
+    /* At most two runs per member and sequence (zigzag). */
+    r.run_cap = 2 * (int64_t)r.pb.u * (r.pb.nseq ? r.pb.nseq : 1);
+    r.run_mem = fmha_malloc(sizeof(struct run) * 2 * (size_t)r.run_cap);
+    r.member_at = fmha_malloc(sizeof(int64_t) * (size_t)r.pb.u);
+    if (!r.run_mem || !r.member_at) {
+        fmha_free(r.run_mem);
+        fmha_free(r.member_at);
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "out of memory for the token runs of %lld sequences over %d "
+                              "Ulysses ranks",
+                              (long long)(r.pb.nseq ? r.pb.nseq : 1), r.pb.u);
+    }
     fmha_config local = *cfg;
     local.num_heads = r.pb.lheads;
     local.num_kv_heads = r.pb.lkv;
@@ -614,5 +702,7 @@ fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp, fm
     fmha_layer_free(r.layer);
     for (int i = 0; i < r.nbufs; i++)
         r.be->free(r.bufs[i]);
+    fmha_free(r.run_mem);
+    fmha_free(r.member_at);
     return st;
 }

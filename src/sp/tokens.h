@@ -82,6 +82,15 @@ static inline fmha_sp_tokmap fmha_sp_rank_tokens(const fmha_sp_config *sp, int64
                                 fmha_sp_member_offset(t.total, sp->ulysses, j + 1));
 }
 
+/* Of a sequence of s tokens, Ulysses member j's tokens of ring slot `slot`:
+ * how many. (fmha_sp_rank_tokens(...).total, for any rank of that slot and
+ * member.) */
+static inline int64_t fmha_sp_member_count(const fmha_sp_config *sp, int64_t s, int slot, int j)
+{
+    const int64_t l = fmha_sp_slot_tokens(s, sp->ring, sp->layout, slot).total;
+    return fmha_sp_member_offset(l, sp->ulysses, j + 1) - fmha_sp_member_offset(l, sp->ulysses, j);
+}
+
 /* A validated sequence-parallel call, as this rank runs it. */
 typedef struct fmha_sp_problem {
     int u, r;                /* degrees */
@@ -93,6 +102,11 @@ typedef struct fmha_sp_problem {
     int64_t seqlen, text;    /* S distributed tokens, T joint tokens (0: none) */
     int64_t img0, text0;     /* sequence position of distributed token 0 and text token 0 */
     int64_t local;           /* this rank's tokens */
+    /* Packed sequences (nseq > 0): the whole sequences' offsets, nseq + 1
+     * (the caller's host array). The buffers then have batch 1 and hold the
+     * tokens sequence by sequence; see sp.c's runs. */
+    const int32_t *cu;
+    int64_t nseq;
 } fmha_sp_problem;
 
 /* The first KV head that Ulysses member j's query heads read (it takes

@@ -933,24 +933,20 @@ fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, i
                            (long long)a->varlen_batch, (int)a->cu_seqlens[a->varlen_batch],
                            (long long)a->seqlen);
     }
-    fmha_sp_tokmap mine = fmha_sp_rank_tokens(sp, a->seqlen, rank);
-    if (a->cu_seqlens) {
-        mine.total = 0;
-        for (int64_t b = 0; b < a->varlen_batch; b++)
-            mine.total += fmha_sp_member_count(sp, a->cu_seqlens[b + 1] - a->cu_seqlens[b],
-                                               rank / sp->ulysses, rank % sp->ulysses);
-    }
-    if (a->cu_seqlens && a->q.seqlen != mine.total)
+    const int64_t held =
+        fmha_sp_member_tokens(sp, a->seqlen, a->cu_seqlens, a->cu_seqlens ? a->varlen_batch : 0,
+                              rank / sp->ulysses, rank % sp->ulysses);
+    if (a->cu_seqlens && a->q.seqlen != held)
         return INVALID("q.seqlen (%lld) differs from the %lld tokens rank %d holds of %lld "
                        "packed sequences over ulysses %d x ring %d (%s layout): shard each "
                        "sequence with fmha_sp_tokens",
-                       (long long)a->q.seqlen, (long long)mine.total, rank,
-                       (long long)a->varlen_batch, sp->ulysses, sp->ring,
+                       (long long)a->q.seqlen, (long long)held, rank, (long long)a->varlen_batch,
+                       sp->ulysses, sp->ring,
                        sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
-    if (a->q.seqlen != mine.total)
+    if (a->q.seqlen != held)
         return INVALID("q.seqlen (%lld) differs from the %lld tokens rank %d holds of a sequence "
                        "of %lld over ulysses %d x ring %d (%s layout): shard with fmha_sp_tokens",
-                       (long long)a->q.seqlen, (long long)mine.total, rank, (long long)a->seqlen,
+                       (long long)a->q.seqlen, (long long)held, rank, (long long)a->seqlen,
                        sp->ulysses, sp->ring,
                        sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? "zigzag" : "contiguous");
     if (a->k.seqlen != a->q.seqlen)
@@ -987,7 +983,7 @@ fmha_status fmha_validate_sp(const fmha_config *cfg, const fmha_sp_config *sp, i
     pb->text = text;
     pb->img0 = a->joint == FMHA_SP_JOINT_FRONT ? text : 0;
     pb->text0 = a->joint == FMHA_SP_JOINT_REAR ? a->seqlen : 0;
-    pb->local = mine.total;
+    pb->local = held;
     pb->cu = a->cu_seqlens;
     pb->nseq = a->cu_seqlens ? a->varlen_batch : 0;
     return FMHA_STATUS_OK;

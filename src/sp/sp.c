@@ -175,13 +175,7 @@ static void sequence(const fmha_sp_problem *pb, int64_t b, int64_t *s, int64_t *
 /* How many tokens Ulysses member j of ring slot `slot` holds. */
 static int64_t member_count(const sp_run *r, int slot, int j)
 {
-    const int64_t nseq = r->pb.nseq ? r->pb.nseq : 1;
-    int64_t n = 0, s, pos0;
-    for (int64_t b = 0; b < nseq; b++) {
-        sequence(&r->pb, b, &s, &pos0);
-        n += fmha_sp_member_count(&r->sp, s, slot, j);
-    }
-    return n;
+    return fmha_sp_member_tokens(&r->sp, r->pb.seqlen, r->pb.cu, r->pb.nseq, slot, j);
 }
 
 /* Member j's rows of slot `slot`'s buffers: [*row0, *row0 + *n). */

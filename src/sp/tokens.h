@@ -91,6 +91,19 @@ static inline int64_t fmha_sp_member_count(const fmha_sp_config *sp, int64_t s, 
     return fmha_sp_member_offset(l, sp->ulysses, j + 1) - fmha_sp_member_offset(l, sp->ulysses, j);
 }
 
+/* How many tokens Ulysses member j of ring slot `slot` holds: of a sequence
+ * of s tokens (nseq 0), or of the nseq packed sequences at offsets cu. */
+static inline int64_t fmha_sp_member_tokens(const fmha_sp_config *sp, int64_t s, const int32_t *cu,
+                                            int64_t nseq, int slot, int j)
+{
+    if (nseq == 0)
+        return fmha_sp_member_count(sp, s, slot, j);
+    int64_t n = 0;
+    for (int64_t b = 0; b < nseq; b++)
+        n += fmha_sp_member_count(sp, cu[b + 1] - cu[b], slot, j);
+    return n;
+}
+
 /* A validated sequence-parallel call, as this rank runs it. */
 typedef struct fmha_sp_problem {
     int u, r;                /* degrees */

@@ -1,18 +1,25 @@
-"""make_packed.py — writes a packed (variable-length) safetensors input for
-the CLI tests with the standard library only: three sequences, one of them
-empty, q [45, 4, 32], k/v [50, 2, 32] (GQA), f32, plus int32 cu_seqlens."""
+"""make_packed.py OUT [self] — writes a packed (variable-length) safetensors
+input for the CLI tests with the standard library only: three sequences, one
+of them empty, q [45, 4, 32], k/v [50, 2, 32] (GQA), f32, plus int32
+cu_seqlens. With `self`, q and k/v hold the same four sequences (20, 0, 1
+and 37 tokens: q [58, 4, 32], k/v [58, 2, 32]), as sequence parallelism
+needs."""
 import json
 import random
 import struct
 import sys
 
 random.seed(7)
+cu_q, cu_k = [0, 20, 20, 45], [0, 25, 30, 50]
+if sys.argv[2:] == ["self"]:
+    cu_q = cu_k = [0, 20, 20, 21, 58]
+nq, nk = cu_q[-1], cu_k[-1]
 tensors = {
-    "q": ("F32", [45, 4, 32], [random.gauss(0, 1) for _ in range(45 * 4 * 32)]),
-    "k": ("F32", [50, 2, 32], [random.gauss(0, 1) for _ in range(50 * 2 * 32)]),
-    "v": ("F32", [50, 2, 32], [random.gauss(0, 1) for _ in range(50 * 2 * 32)]),
-    "cu_seqlens_q": ("I32", [4], [0, 20, 20, 45]),
-    "cu_seqlens_k": ("I32", [4], [0, 25, 30, 50]),
+    "q": ("F32", [nq, 4, 32], [random.gauss(0, 1) for _ in range(nq * 4 * 32)]),
+    "k": ("F32", [nk, 2, 32], [random.gauss(0, 1) for _ in range(nk * 2 * 32)]),
+    "v": ("F32", [nk, 2, 32], [random.gauss(0, 1) for _ in range(nk * 2 * 32)]),
+    "cu_seqlens_q": ("I32", [len(cu_q)], cu_q),
+    "cu_seqlens_k": ("I32", [len(cu_k)], cu_k),
 }
 header, blobs, offset = {}, [], 0
 for name, (dtype, shape, values) in tensors.items():

@@ -1,10 +1,12 @@
 #!/bin/sh
 # test_cli_mpi.sh — `mpirun -np N fmha run|bench --sp-ulysses U --sp-ring R`
 # end to end on 2 and 4 CPU ranks: Ulysses, ring and both, MHA and GQA,
-# causal (zigzag tokens too), dropout, a file in and out, the gathered output checked by the
+# causal (zigzag tokens too), dropout, a file in and out, packed sequences,
+# the gathered output checked by the
 # command against one process's forward (and the float64 reference), bench's
 # bytes per rank; and the refusals (U x R not the ranks, no mpirun, heads that
-# U does not divide, cross-attention, a rank that fails alone), each printed
+# U does not divide, cross-attention padded or packed, a rank that fails
+# alone), each printed
 # once, by rank 0, with every rank exiting non-zero.
 # Usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [MPIEXEC FLAGS...]
 FMHA=${1:?usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [FLAGS...]}
@@ -12,6 +14,7 @@ MPIEXEC=${2:?}
 NP=${3:?}
 shift 3
 FLAGS="$*"
+SRC=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 passed=0
@@ -72,6 +75,22 @@ has "all rows against the float64 reference.*: ok"
 has "$SP_OK"
 [ -f "$T/out.safetensors" ] && ok || bad "mpirun run IN -o OUT wrote no OUT"
 
+# ---- packed sequences (20, 0, 1 and 37 tokens; GQA 4/2): each sequence
+# sharded on its own, zigzag and causal, and with the heads split too
+if command -v python3 >/dev/null 2>&1; then
+    python3 "$SRC/tests/make_packed.py" "$T/packed.safetensors" self && ok || bad "make_packed.py self"
+    ranks 0 -- mpi 2 run "$T/packed.safetensors" --check --causal --sp-ring 2 --sp-layout zigzag -o "$T/packed_out.safetensors"
+    has "4 packed sequences, q \[58, 4, 32\]"
+    has "all rows against the float64 reference.*: ok"
+    has "$SP_OK"
+    has "$LSE_OK"
+    [ -f "$T/packed_out.safetensors" ] && ok || bad "packed run -o OUT wrote no OUT"
+    python3 "$SRC/tests/make_packed.py" "$T/cross.safetensors" && ok || bad "make_packed.py"
+    ranks 1 -- mpi 2 run "$T/cross.safetensors" --sp-ring 2 -o "$T/cross_out.safetensors"
+    has "cu_seqlens_q\[1\] = 20 and cu_seqlens_k\[1\] = 25 differ (cross-attention)"
+    [ ! -e "$T/cross_out.safetensors" ] && ok || bad "a refused packed run wrote its OUT"
+fi
+
 # ---- bench: the slowest rank's time, the bytes each rank sent (the ring's
 # one K/V block: 65 tokens x 2 heads x 64 x 2 tensors, in f32 and bf16)
 if command -v python3 >/dev/null 2>&1; then
@@ -99,6 +118,13 @@ ranks 0 -- mpi 4 run --model llama3-8b --seqlen 50 --sp-ulysses 2 --sp-ring 2 --
 has "$SP_OK"
 ranks 0 -- mpi 4 run --model llama3-8b --seqlen 61 --sp-ring 4 --sp-layout zigzag
 has "$SP_OK"
+if [ -f "$T/packed.safetensors" ]; then
+    ranks 0 -- mpi 4 run "$T/packed.safetensors" --causal --sp-ulysses 2 --sp-ring 2 -o "$T/p4.safetensors"
+    has "$SP_OK"
+    has "$LSE_OK"
+    ranks 0 -- mpi 4 run "$T/packed.safetensors" --sp-ulysses 4 -o "$T/p4.safetensors"
+    has "$SP_OK"
+fi
 
 # ---- refusals, printed once. On 4 ranks: Open MPI's mpirun takes a second
 # or two more to end 2 ranks that exit non-zero.

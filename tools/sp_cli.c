@@ -46,15 +46,15 @@ static void copy_lse(float *to, int64_t to_rows, int64_t to_row, const float *fr
                sizeof(float) * (size_t)n);
 }
 
-/* Copies between the whole problem and a rank's tokens (tokens at
- * start[i] .. start[i] + len[i] of the whole are the rank's rows in order):
- * q, k, v out to the rank (to_rank), or out and lse back to the whole. */
+/* Copies between the whole problem and a rank's tokens (rows start[i] ..
+ * start[i] + len[i] of the whole are the rank's rows in order): q, k, v out
+ * to the rank (to_rank), or out and lse back to the whole. */
 static void move_tokens(const fmha_forward_args *whole, const fmha_sp_args *part,
-                        const int64_t start[2], const int64_t len[2], int nseg, int to_rank)
+                        const int64_t *start, const int64_t *len, int64_t nseg, int to_rank)
 {
     const int64_t bh = whole->q.batch * whole->q.heads, S = whole->q.seqlen, n = part->q.seqlen;
     int64_t row = 0;
-    for (int i = 0; i < nseg; row += len[i], i++) {
+    for (int64_t i = 0; i < nseg; row += len[i], i++) {
         if (to_rank) {
             copy_rows(&part->q, row, &whole->q, start[i], len[i]);
             copy_rows(&part->k, row, &whole->k, start[i], len[i]);
@@ -65,6 +65,51 @@ static void move_tokens(const fmha_forward_args *whole, const fmha_sp_args *part
                 copy_lse(whole->lse, S, start[i], part->lse, n, row, bh, len[i]);
         }
     }
+}
+
+/* Room for a rank's runs: two per sequence (a zigzag slot's two chunks). */
+static int runs_alloc(cli_sp_shard *sh, const fmha_forward_args *w)
+{
+    sh->cap = 2 * (w->cu_seqlens_q ? w->varlen_batch : 1);
+    sh->start = malloc(sizeof(int64_t) * (size_t)sh->cap);
+    sh->len = malloc(sizeof(int64_t) * (size_t)sh->cap);
+    if (sh->start && sh->len)
+        return 0;
+    fprintf(stderr, "fmha: out of memory for the token runs of %lld sequences\n",
+            (long long)(sh->cap / 2));
+    return 1;
+}
+
+/* Rank `rank`'s tokens of the whole problem w into sh->start, sh->len:
+ * fmha_sp_tokens of the one sequence, or of each packed sequence in turn
+ * (offset by its cu_seqlens). Returns the tokens, or -1 with a message. */
+static int64_t runs_of(cli_sp_shard *sh, const fmha_forward_args *w, int rank)
+{
+    const int64_t nseq = w->cu_seqlens_q ? w->varlen_batch : 1;
+    int64_t total = 0;
+    sh->nseg = 0;
+    for (int64_t b = 0; b < nseq; b++) {
+        const int64_t s0 = w->cu_seqlens_q ? w->cu_seqlens_q[b] : 0;
+        const int64_t s = w->cu_seqlens_q ? w->cu_seqlens_q[b + 1] - s0 : w->q.seqlen;
+        int64_t start[2], len[2];
+        int n;
+        const fmha_status st = fmha_sp_tokens(&sh->sp, s, rank, start, len, &n);
+        if (st != FMHA_STATUS_OK) {
+            fprintf(stderr, "fmha: %s (%s)\n", fmha_last_error(), fmha_status_string(st));
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            const int64_t at = sh->nseg - 1;
+            total += len[i];
+            if (at >= 0 && sh->start[at] + sh->len[at] == s0 + start[i]) {
+                sh->len[at] += len[i]; /* adjacent in the whole: one run */
+                continue;
+            }
+            sh->start[sh->nseg] = s0 + start[i];
+            sh->len[sh->nseg++] = len[i];
+        }
+    }
+    return total;
 }
 
 /* A shard's buffers start 64 bytes apart, or a multiple. */
@@ -94,11 +139,20 @@ static size_t lay_out(cli_sp_shard *sh, const fmha_forward_args *w, char *mem, i
 int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args *w)
 {
     memset(sh, 0, sizeof *sh);
-    if (w->cu_seqlens_q || w->cu_seqlens_k) {
-        fprintf(stderr, "fmha: sequence parallelism takes padded batches [batch, seq, heads, "
-                        "head_dim]; this input is packed (cu_seqlens): give it padded\n");
+    if (!w->cu_seqlens_q != !w->cu_seqlens_k) {
+        fprintf(stderr, "fmha: sequence parallelism takes cu_seqlens_q and cu_seqlens_k together "
+                        "(one packed set of sequences for q, k and v)\n");
         return 1;
     }
+    for (int64_t b = 0; w->cu_seqlens_q && b <= w->varlen_batch; b++)
+        if (w->cu_seqlens_q[b] != w->cu_seqlens_k[b]) {
+            fprintf(stderr,
+                    "fmha: sequence parallelism splits each sequence of q, k and v alike, but "
+                    "cu_seqlens_q[%lld] = %d and cu_seqlens_k[%lld] = %d differ (cross-attention): "
+                    "run it without --sp-ulysses and --sp-ring\n",
+                    (long long)b, (int)w->cu_seqlens_q[b], (long long)b, (int)w->cu_seqlens_k[b]);
+            return 1;
+        }
     if (w->k.seqlen != w->q.seqlen) {
         fprintf(stderr,
                 "fmha: sequence parallelism splits one sequence of q, k and v alike, but q has "
@@ -109,12 +163,11 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
     }
     fmha_sp_config_init(&sh->sp, s->ulysses, s->ring);
     sh->sp.layout = s->layout;
-    fmha_status st = fmha_sp_tokens(&sh->sp, w->q.seqlen, s->rank, sh->start, sh->len, &sh->nseg);
-    if (st != FMHA_STATUS_OK) {
-        fprintf(stderr, "fmha: %s (%s)\n", fmha_last_error(), fmha_status_string(st));
+    if (runs_alloc(sh, w))
         return 1;
-    }
-    const int64_t n = sh->len[0] + (sh->nseg > 1 ? sh->len[1] : 0);
+    const int64_t n = runs_of(sh, w, s->rank);
+    if (n < 0)
+        return 1;
     const size_t bytes = lay_out(sh, w, NULL, n);
     sh->mem = malloc(bytes ? bytes : 1);
     if (!sh->mem) {
@@ -126,6 +179,10 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
     sh->a.seqlen = w->q.seqlen;
     sh->a.seed = w->seed;
     sh->a.offset = w->offset;
+    if (w->cu_seqlens_q) {
+        sh->a.cu_seqlens = w->cu_seqlens_q;
+        sh->a.varlen_batch = w->varlen_batch;
+    }
     move_tokens(w, &sh->a, sh->start, sh->len, sh->nseg, 1);
     return 0;
 }
@@ -133,7 +190,10 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
 void cli_sp_shard_free(cli_sp_shard *sh)
 {
     free(sh->mem);
+    free(sh->start);
+    free(sh->len);
     sh->mem = NULL;
+    sh->start = sh->len = NULL;
 }
 
 /* ------------------------------------------------------------ without MPI */
@@ -397,13 +457,6 @@ static void recv_all(void *p, size_t bytes, int from)
     }
 }
 
-/* The tokens rank r holds (fmha_sp_tokens of a valid configuration and rank). */
-static int64_t tokens_of(cli_sp_shard *t, int64_t seqlen, int r)
-{
-    fmha_sp_tokens(&t->sp, seqlen, r, t->start, t->len, &t->nseg);
-    return t->len[0] + (t->nseg > 1 ? t->len[1] : 0);
-}
-
 int cli_sp_gather(cli_sp *s, const cli_sp_shard *sh, const fmha_forward_args *w)
 {
     /* Rank 0 receives each rank's tokens into one buffer of the largest
@@ -413,11 +466,13 @@ int cli_sp_gather(cli_sp *s, const cli_sp_shard *sh, const fmha_forward_args *w)
     other.sp = sh->sp;
     int64_t most = 0;
     int rc = 0;
-    if (s->rank == 0) {
-        for (int r = 1; r < s->ranks; r++) {
-            const int64_t n = tokens_of(&other, w->q.seqlen, r);
-            most = n > most ? n : most;
-        }
+    if (s->rank == 0)
+        rc = runs_alloc(&other, w);
+    for (int r = 1; s->rank == 0 && r < s->ranks && rc == 0; r++) {
+        const int64_t n = runs_of(&other, w, r); /* valid: this rank's own call was */
+        most = n > most ? n : most;
+    }
+    if (s->rank == 0 && rc == 0) {
         const size_t bytes = lay_out(&other, w, NULL, most);
         other.mem = malloc(bytes ? bytes : 1);
         if (!other.mem) {
@@ -438,7 +493,7 @@ int cli_sp_gather(cli_sp *s, const cli_sp_shard *sh, const fmha_forward_args *w)
     }
     move_tokens(w, &sh->a, sh->start, sh->len, sh->nseg, 0);
     for (int r = 1; r < s->ranks; r++) {
-        const int64_t n = tokens_of(&other, w->q.seqlen, r);
+        const int64_t n = runs_of(&other, w, r);
         lay_out(&other, w, other.mem, n);
         recv_all(other.a.out.data, tensor_bytes(&other.a.out), r);
         if (other.a.lse)

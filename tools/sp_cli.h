@@ -69,19 +69,21 @@ int cli_sp_agree(cli_sp *s, int rc);
  * failure was settled), the communicator freed, MPI finalized. */
 int cli_sp_end(cli_sp *s, int rc);
 
-/* This rank's tokens of a padded problem (fmha_sp_tokens, in s->layout),
- * copied out of the whole tensors into buffers of its own. */
+/* This rank's tokens (fmha_sp_tokens, in s->layout) of a padded problem or
+ * of every packed sequence, copied out of the whole tensors into buffers of
+ * its own. */
 typedef struct cli_sp_shard {
     fmha_sp_config sp;
     fmha_sp_args a; /* q, k, v, out [batch, n, heads, d], lse [batch, heads, n] when the
-                       whole problem has one; seqlen, seed, offset of the whole */
-    int64_t start[2], len[2];
-    int nseg;
+                       whole problem has one; seqlen, seed, offset, cu_seqlens of the whole */
+    int64_t *start, *len; /* the whole's rows start[i] .. start[i] + len[i], in order */
+    int64_t nseg, cap;    /* runs, and room for */
     void *mem;
 } cli_sp_shard;
 
-/* Refuses packed inputs and q of another length than k (the sequence is
- * split once, for q, k and v alike). Returns 0, or 1 with a message. */
+/* Refuses q of another length than k, and packed q and k of other
+ * sequences (the sequences are split once, for q, k and v alike). Returns 0,
+ * or 1 with a message. */
 int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args *whole);
 void cli_sp_shard_free(cli_sp_shard *sh);
 

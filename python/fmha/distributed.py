@@ -27,6 +27,14 @@ Masks (causal, window) apply to positions in the whole sequence, the joint
 (text) tokens included, which every rank holds whole and which sit in front
 of the distributed tokens (joint="front") or after them ("rear").
 
+Packed sequences (cu_seqlens, the whole sequences' offsets, the same on
+every rank): q [n, H, D], k, v [n, Hkv, D] as flash_attn_varlen_func takes
+them; each sequence is sharded on its own as above and a rank holds its
+tokens of every sequence one after another (shard_indices(..., cu_seqlens=)
+names them in the packed tensors); masks are each sequence's own; out is
+[n, H, Dv] and the LSE [H, n]. Joint tokens with packed sequences are not
+supported (give each sequence's text as part of it).
+
 GQA: kv heads must divide by u (each member takes Hkv / u), or u by kv heads
 (each KV head goes to the u / Hkv members that use it); else ValueError
 naming both numbers, as in C. Dropout is not supported here (the C API keeps
@@ -83,21 +91,48 @@ def _range(runs, p0, p1):
     return out
 
 
-def shard_tokens(seqlen, ulysses, ring, rank, layout="contiguous"):
+def _member_runs(seqlen, ring, ulysses, slot, j, layout):
+    """Ulysses member j of ring slot `slot`'s tokens of a sequence of seqlen."""
+    t = _slot_tokens(seqlen, ring, slot, layout)
+    total = sum(n for _, n in t)
+    return _range(t, _cut(total, ulysses, j), _cut(total, ulysses, j + 1))
+
+
+def _offsets(cu_seqlens, seqlen):
+    """cu_seqlens (a sequence or tensor of ints, B + 1) as a checked list."""
+    cu = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist")
+                           else cu_seqlens)]
+    if len(cu) < 2 or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise ValueError("cu_seqlens (%r) must start at 0 and not decrease: the offsets of "
+                         "B >= 1 packed sequences" % (cu[:8],))
+    if cu[-1] != seqlen:
+        raise ValueError("cu_seqlens[%d] (%d) differs from seqlen (%d): seqlen is the tokens of "
+                         "all the packed sequences" % (len(cu) - 1, cu[-1], seqlen))
+    return cu
+
+
+def shard_tokens(seqlen, ulysses, ring, rank, layout="contiguous", cu_seqlens=None):
     """The tokens rank `rank` holds, as [(start, length), ...] runs in the
-    order it holds them (fmha_sp_tokens)."""
+    order it holds them (fmha_sp_tokens). With cu_seqlens, of each packed
+    sequence in turn, as positions in the packed tokens."""
     if ulysses < 1 or ring < 1 or not 0 <= rank < ulysses * ring:
         raise ValueError("rank (%d) must be in [0, %d): ulysses %d x ring %d"
                          % (rank, ulysses * ring, ulysses, ring))
-    slot = _slot_tokens(seqlen, ring, rank // ulysses, layout)
-    total = sum(n for _, n in slot)
-    j = rank % ulysses
-    return _range(slot, _cut(total, ulysses, j), _cut(total, ulysses, j + 1))
+    slot, j = rank // ulysses, rank % ulysses
+    if cu_seqlens is None:
+        return _member_runs(seqlen, ring, ulysses, slot, j, layout)
+    cu, runs = _offsets(cu_seqlens, seqlen), []
+    for b in range(len(cu) - 1):
+        for start, n in _member_runs(cu[b + 1] - cu[b], ring, ulysses, slot, j, layout):
+            _add(runs, cu[b] + start, n)
+    return runs
 
 
-def shard_indices(seqlen, ulysses, ring, rank, layout="contiguous"):
-    """shard_tokens as a list of token indices: x[:, shard_indices(...)]."""
-    return [s + i for s, n in shard_tokens(seqlen, ulysses, ring, rank, layout) for i in range(n)]
+def shard_indices(seqlen, ulysses, ring, rank, layout="contiguous", cu_seqlens=None):
+    """shard_tokens as a list of token indices: x[:, shard_indices(...)]
+    (packed: x[shard_indices(..., cu_seqlens=cu)])."""
+    return [s + i for s, n in shard_tokens(seqlen, ulysses, ring, rank, layout, cu_seqlens)
+            for i in range(n)]
 
 
 def new_groups(ulysses, ring):
@@ -144,7 +179,7 @@ def _piece(qpos, nq, kpos, nk, causal, window):
 class _Run:
     """One call: the shapes, the groups and the running results."""
 
-    def __init__(self, q, k, v, seqlen, ug, rg, opts):
+    def __init__(self, q, k, v, seqlen, ug, rg, opts, cu):
         torch = _torch()
         dist = torch.distributed
         self.torch, self.dist, self.opts = torch, dist, opts
@@ -162,15 +197,30 @@ class _Run:
         if KV % u and u % KV:
             raise ValueError("num_kv_heads (%d) and ulysses (%d): neither divides the other, so "
                              "the KV heads can be neither split nor replicated" % (KV, u))
+        self.seqlen, self.cu = seqlen, cu
         rank = self.slot * u + self.member
-        want = sum(m for _, m in shard_tokens(seqlen, u, self.r, rank, opts["layout"]))
+        want = self.member_count(self.slot, self.member)
         if n != want or k.shape[1] != n or v.shape[1] != n:
-            raise ValueError("q.seqlen (%d) differs from the %d tokens rank %d holds of a sequence "
-                             "of %d (shard_tokens)" % (n, want, rank, seqlen))
+            of = ("a sequence of %d" % seqlen if cu is None else
+                  "%d packed sequences" % (len(cu) - 1))
+            raise ValueError("q.seqlen (%d) differs from the %d tokens rank %d holds of %s "
+                             "(shard_tokens)" % (n, want, rank, of))
         self.B, self.H, self.KV, self.D, self.Dv = B, H, KV, D, v.shape[3]
         self.Hl = H // u
         self.KVl = KV // u if KV % u == 0 else 1
-        self.seqlen, self.n = seqlen, n
+        self.n = n
+
+    def sequences(self, img0):
+        """(sequence, tokens, position of its token 0) of every sequence: one
+        (-1, seqlen, img0) for a padded batch."""
+        if self.cu is None:
+            return [(-1, self.seqlen, img0)]
+        return [(b, self.cu[b + 1] - self.cu[b], 0) for b in range(len(self.cu) - 1)]
+
+    def member_count(self, slot, j):
+        """How many tokens Ulysses member j of ring slot `slot` holds."""
+        return sum(m for _, s, _ in self.sequences(0)
+                   for _, m in _member_runs(s, self.r, self.u, slot, j, self.opts["layout"]))
 
     def kv_head0(self, j):
         if self.KV % self.u == 0:
@@ -178,19 +228,34 @@ class _Run:
         return j * self.Hl // (self.H // self.KV)
 
     def runs(self, slot, img0):
-        """(local row, position, length) of a slot's tokens."""
-        out, at = [], 0
-        for s, m in _slot_tokens(self.seqlen, self.r, slot, self.opts["layout"]):
-            out.append((at, img0 + s, m))
-            at += m
+        """(local row, sequence, position, length) of a slot's tokens, listed
+        sequence by sequence. Its buffers hold them member by member (one
+        all-to-all block each), each member's sequence by sequence."""
+        at, j0 = [], 0
+        for j in range(self.u):
+            at.append(j0)
+            j0 += self.member_count(slot, j)
+        out = []
+        for b, s, pos0 in self.sequences(img0):
+            for j in range(self.u):
+                for start, m in _member_runs(s, self.r, self.u, slot, j, self.opts["layout"]):
+                    x = (at[j], b, pos0 + start, m)
+                    at[j] += m
+                    if out and out[-1][1] == b and out[-1][0] + out[-1][3] == x[0] and \
+                            out[-1][2] + out[-1][3] == x[2]:
+                        x = (out[-1][0], b, out[-1][2], out[-1][3] + m)  # one run
+                        out.pop()
+                    out.append(x)
         return out
 
     def attend(self, q, qruns, acc, acc_lse, k, v, kruns):
         """acc [B, L, Hl, Dv] f32, acc_lse [B, Hl, L]: merged with the pieces
-        of q's rows against k, v's keys."""
+        of q's rows against k, v's keys of the same sequence."""
         torch, o = self.torch, self.opts
-        for qr, qp, qn in qruns:
-            for kr, kp, kn in kruns:
+        for qr, qseq, qp, qn in qruns:
+            for kr, kseq, kp, kn in kruns:
+                if kseq != qseq:
+                    continue
                 pc = _piece(qp, qn, kp, kn, o["causal"], o["window"])
                 if pc is None:
                     continue
@@ -231,8 +296,8 @@ def _unflat(flat, n, B, h, d):
     return flat.view(n, B, h, d).permute(1, 0, 2, 3)
 
 
-def _usp(q, k, v, seqlen, ug, rg, opts, joint):
-    R = _Run(q, k, v, seqlen, ug, rg, opts)
+def _usp(q, k, v, seqlen, ug, rg, opts, joint, cu):
+    R = _Run(q, k, v, seqlen, ug, rg, opts, cu)
     torch, dist = R.torch, R.dist
     B, Hl, KVl, D, Dv, u, r = R.B, R.Hl, R.KVl, R.D, R.Dv, R.u, R.r
     jq, jk, jv = joint["q"], joint["k"], joint["v"]
@@ -240,8 +305,10 @@ def _usp(q, k, v, seqlen, ug, rg, opts, joint):
     img0 = T if joint["where"] == "front" else 0
     text0 = seqlen if joint["where"] == "rear" else 0
     mine = R.runs(R.slot, img0)
-    L = sum(m for _, _, m in mine)
-    offs = [_cut(L, u, j) for j in range(u + 1)]
+    L = sum(m for _, _, _, m in mine)
+    offs = [0]
+    for j in range(u):
+        offs.append(offs[-1] + R.member_count(R.slot, j))
 
     # Ulysses in: q, k, v of every member's heads, in one all_to_all_single.
     if u > 1:
@@ -270,7 +337,7 @@ def _usp(q, k, v, seqlen, ug, rg, opts, joint):
         kv0 = R.kv_head0(R.member)
         tq = jq[:, :, R.member * Hl:(R.member + 1) * Hl]
         tk, tv = jk[:, :, kv0:kv0 + KVl], jv[:, :, kv0:kv0 + KVl]
-        text = [(0, text0, T)]
+        text = [(0, -1, text0, T)]
         tacc = torch.zeros((B, T, Hl, Dv), dtype=torch.float32, device=q.device)
         tacc_lse = torch.full((B, Hl, T), float("-inf"), dtype=torch.float32, device=q.device)
 
@@ -284,7 +351,7 @@ def _usp(q, k, v, seqlen, ug, rg, opts, joint):
         keys = R.runs(src, img0)
         reqs = []
         if t < r - 1:
-            m = sum(x for _, _, x in R.runs((src - 1) % r, img0))
+            m = sum(R.member_count((src - 1) % r, j) for j in range(u))
             K2 = torch.empty((B, m, KVl, D), dtype=K.dtype, device=K.device)
             V2 = torch.empty((B, m, KVl, Dv), dtype=V.dtype, device=V.device)
             ops = [dist.P2POp(dist.isend, K, nxt, group=rg), dist.P2POp(dist.isend, V, nxt, group=rg),
@@ -342,14 +409,18 @@ def _usp(q, k, v, seqlen, ug, rg, opts, joint):
 def usp_attention(q, k, v, *, seqlen, ulysses_group=None, ring_group=None, causal=False,
                   softmax_scale=None, window=(-1, -1), softcap=0.0, dropout_p=0.0,
                   layout="contiguous", joint_q=None, joint_k=None, joint_v=None,
-                  joint="front", return_lse=False):
+                  joint="front", return_lse=False, cu_seqlens=None):
     """Attention over a sequence of `seqlen` tokens spread over ulysses_group
     x ring_group (either None: degree 1). q [B, n, H, D], k, v [B, n, Hkv,
     D] hold this rank's n tokens (shard_indices); joint_q/k/v [B, T, H(kv),
     D], the same on every rank, are text tokens joined in front of or after
     the sequence. Returns out [B, n, H, Dv] in q's dtype; with joint tokens
     (out, joint_out [B, T, H, Dv]); with return_lse the LSEs ([B, H, n] and
-    [B, H, T], float32) follow each output."""
+    [B, H, T], float32) follow each output.
+
+    cu_seqlens (B + 1 offsets of packed sequences, seqlen in all): q [n, H,
+    D], k, v [n, Hkv, D] hold this rank's tokens of every sequence
+    (shard_indices(..., cu_seqlens=)); out is [n, H, Dv], the LSE [H, n]."""
     if dropout_p:
         raise NotImplementedError("dropout over torch.distributed is not supported: the C API "
                                   "(fmha_sp_forward) keeps the single-device mask")
@@ -359,8 +430,20 @@ def usp_attention(q, k, v, *, seqlen, ulysses_group=None, ring_group=None, causa
         raise ValueError("joint_q, joint_k and joint_v go together")
     opts = {"causal": bool(causal), "softmax_scale": softmax_scale, "window": tuple(window),
             "softcap": softcap, "layout": layout}
+    cu = None
+    if cu_seqlens is not None:
+        cu = _offsets(cu_seqlens, seqlen)
+        if joint_q is not None:
+            raise NotImplementedError("joint tokens with packed sequences (cu_seqlens) are not "
+                                      "supported: give each sequence's text as part of it")
+        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            raise ValueError("with cu_seqlens, q, k and v are packed [tokens, heads, head_dim] "
+                             "(got %d, %d and %d dims)" % (q.dim(), k.dim(), v.dim()))
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     out, lse, jout, jlse = _usp(q, k, v, seqlen, ulysses_group, ring_group, opts,
-                                {"q": joint_q, "k": joint_k, "v": joint_v, "where": joint})
+                                {"q": joint_q, "k": joint_k, "v": joint_v, "where": joint}, cu)
+    if cu is not None:
+        out, lse = out[0], lse[0]
     res = (out, lse) if return_lse else (out,)
     if joint_q is not None:
         res += (jout, jlse) if return_lse else (jout,)

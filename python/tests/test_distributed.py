@@ -3,7 +3,9 @@ library's fmha_sp_tokens and each piece's window against the whole
 sequence's mask (no torch needed), then every mode on spawned gloo CPU
 processes (2 and 4) against single-process fmha.attention: MHA, GQA (split
 and replicated), causal contiguous and zigzag, a window, joint tokens in
-front and at the rear. The torch part is skipped where torch is missing."""
+front and at the rear, packed sequences (cu_seqlens, empty and one-token
+ones among them) against fmha.varlen_attention. The torch part is skipped
+where torch is missing."""
 import ctypes
 import os
 import random
@@ -41,6 +43,31 @@ def test_shards_match_the_c_library(layout):
                 idx = sorted(i for p in range(u * r) for i in fd.shard_indices(seqlen, u, r, p,
                                                                                 layout))
                 assert idx == list(range(seqlen))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_packed_shards_are_each_sequences_own(layout):
+    for cu in ([0, 0], [0, 1], [0, 13, 13, 14, 77], [0, 5, 100, 100, 239]):
+        for u in (1, 2, 3):
+            for r in (1, 2, 4):
+                seen = []
+                for p in range(u * r):
+                    runs = fd.shard_tokens(cu[-1], u, r, p, layout, cu_seqlens=cu)
+                    want = []
+                    for b in range(len(cu) - 1):
+                        want += [cu[b] + i for i in fd.shard_indices(cu[b + 1] - cu[b], u, r, p,
+                                                                     layout)]
+                    got = fd.shard_indices(cu[-1], u, r, p, layout, cu_seqlens=cu)
+                    assert got == want == [s + i for s, n in runs for i in range(n)]
+                    seen += got
+                assert sorted(seen) == list(range(cu[-1]))
+
+
+def test_packed_offsets_are_checked():
+    with pytest.raises(ValueError, match=r"cu_seqlens\[2\] \(10\) differs from seqlen \(11\)"):
+        fd.shard_tokens(11, 1, 2, 0, cu_seqlens=[0, 4, 10])
+    with pytest.raises(ValueError, match="must start at 0 and not decrease"):
+        fd.shard_tokens(4, 1, 2, 0, cu_seqlens=[0, 5, 4])
 
 
 def _mask_range(causal, wl, wr, i, sq, sk):
@@ -96,6 +123,47 @@ CASES = [
 ]
 
 
+PACKED = [
+    # sequence lengths, H, KV, D, causal, window, layout
+    ([13, 0, 1, 60, 31], 4, 2, 32, True, (-1, -1), "zigzag"),
+    ([40, 7, 0], 4, 4, 16, False, (9, 3), "contiguous"),
+    ([2, 90, 3], 4, 1, 32, False, (-1, -1), "zigzag"),
+]
+
+
+def _packed_cases(rank, world, failures):
+    import torch
+    import torch.distributed as dist
+    for (lens, H, KV, D, causal, window, layout) in PACKED:
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        S = cu[-1]
+        g = torch.Generator().manual_seed(S)
+        q = torch.randn(S, H, D, generator=g)
+        k = torch.randn(S, KV, D, generator=g)
+        v = torch.randn(S, KV, D, generator=g)
+        cut = torch.tensor(cu, dtype=torch.int32)
+        ref, ref_lse = fmha.varlen_attention(q, k, v, cut, cut, max(lens), max(lens),
+                                             causal=causal, window=window, return_lse=True)
+        for u in [d for d in range(1, world + 1) if world % d == 0]:
+            if H % u or (KV % u and u % KV):
+                continue
+            ug, rg = fd.new_groups(u, world // u)
+            idx = fd.shard_indices(S, u, world // u, rank, layout, cu_seqlens=cu)
+            out, lse = fd.usp_attention(q[idx], k[idx], v[idx], seqlen=S, ulysses_group=ug,
+                                        ring_group=rg, causal=causal, window=window,
+                                        layout=layout, cu_seqlens=cut, return_lse=True)
+            err = (out - ref[idx]).abs().max().item() if idx else 0.0
+            lerr = (lse - ref_lse[:, idx]).abs().max().item() if idx else 0.0
+            if out.shape != (len(idx), H, D) or lse.shape != (H, len(idx)) or \
+                    not err < 1e-4 or not lerr < 1e-4:
+                failures.append("rank %d u=%d packed %r: shapes %s %s, error %g, lse %g" % (
+                    rank, u, (lens, H, KV, D, causal, window, layout), tuple(out.shape),
+                    tuple(lse.shape), err, lerr))
+    dist.barrier()
+
+
 def _worker(rank, world, port, failures):
     import torch
     import torch.distributed as dist
@@ -130,6 +198,7 @@ def _worker(rank, world, port, failures):
                 if not err < 1e-4:
                     failures.append("rank %d u=%d case %r: error %g" % (
                         rank, u, (B, S, T, H, KV, D, causal, window, joint, layout), err))
+        _packed_cases(rank, world, failures)
     finally:
         dist.destroy_process_group()
 
@@ -143,6 +212,17 @@ def test_modes_on_gloo(world):
         mp.spawn(_worker, args=(world, _free_port(), failures), nprocs=world, join=True)
         assert not list(failures), "\n".join(failures)
     del torch
+
+
+def test_packed_joint_tokens_are_refused():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(4, 1, 8)
+    with pytest.raises(NotImplementedError, match="joint tokens with packed sequences"):
+        fd.usp_attention(x, x, x, seqlen=4, cu_seqlens=[0, 4], joint_q=x[None], joint_k=x[None],
+                         joint_v=x[None])
+    with pytest.raises(ValueError, match=r"q.seqlen \(3\) differs from the 4 tokens rank 0 holds "
+                                         r"of 2 packed sequences"):
+        fd.usp_attention(x[:3], x[:3], x[:3], seqlen=4, cu_seqlens=[0, 1, 4])
 
 
 def test_dropout_is_refused_without_torch_work():

@@ -74,7 +74,7 @@ int cli_sp_end(cli_sp *s, int rc);
  * its own. */
 typedef struct cli_sp_shard {
     fmha_sp_config sp;
-    fmha_sp_args a; /* q, k, v, out [batch, n, heads, d], lse [batch, heads, n] when the
+    fmha_sp_args a;       /* q, k, v, out [batch, n, heads, d], lse [batch, heads, n] when the
                        whole problem has one; seqlen, seed, offset, cu_seqlens of the whole */
     int64_t *start, *len; /* the whole's rows start[i] .. start[i] + len[i], in order */
     int64_t nseg, cap;    /* runs, and room for */

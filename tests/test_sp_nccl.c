@@ -2,7 +2,9 @@
  * 1, so every mode is degenerate: ulysses 1 x ring 1, contiguous and zigzag):
  * fmha_sp_forward on device memory against fmha_forward of the whole
  * sequence on the same GPU, for MHA, GQA, causal, a window, dropout and joint
- * tokens in front and at the rear; out's gaps stay poisoned. What it checks
+ * tokens in front and at the rear, packed sequences (cu_seqlens, an empty and
+ * a one-token one among them) against packed fmha_forward; out's gaps stay
+ * poisoned. What it checks
  * is the NCCL communicator's plumbing (its stream, events and transfers to
  * itself) and the CUDA backend's merge and copies. Exits 77 (ctest:
  * skipped) where there is no CUDA device. */
@@ -132,6 +134,83 @@ static void run_case(const nccl_case *c, fmha_comm *comm, cudaStream_t stream, t
     tu_tensor_free(&q), tu_tensor_free(&k), tu_tensor_free(&v), tu_tensor_free(&ow);
 }
 
+/* Packed sequences: the one rank holds every token, sequence by sequence,
+ * as the packed whole does; fmha_sp_forward (host cu_seqlens) against packed
+ * fmha_forward (device cu_seqlens), out and LSE. */
+static void run_packed(fmha_sp_layout layout, int causal, fmha_comm *comm, cudaStream_t stream,
+                       tu_rng *r)
+{
+    const fmha_dtype dt = FMHA_DTYPE_BF16;
+    const int32_t cu[5] = {0, 300, 300, 301, 818};
+    const int64_t nseq = 4, n = cu[nseq], h = 8, kv = 2, d = 128;
+    fmha_config cfg;
+    fmha_config_init(&cfg, h, kv, d);
+    cfg.dtype = dt;
+    cfg.device = FMHA_DEVICE_CUDA;
+    cfg.causal = causal;
+    tu_tensor q, k, v, ow, os;
+    tu_tensor_init(&q, dt, 1, n, h, d, 0, 0);
+    tu_tensor_init(&k, dt, 1, n, kv, d, 0, 0);
+    tu_tensor_init(&v, dt, 1, n, kv, d, 0, 0);
+    tu_fill_normal(&q, r, 1.0), tu_fill_normal(&k, r, 1.0), tu_fill_normal(&v, r, 1.0);
+    tu_tensor_init(&ow, FMHA_DTYPE_F32, 1, n, h, d, 0, 0);
+    tu_tensor_init(&os, FMHA_DTYPE_F32, 1, n, h, d, 2, 0xE7);
+    void *dq = to_device(&q), *dk = to_device(&k), *dv = to_device(&v), *dw = to_device(&ow);
+    void *ds = to_device(&os), *dcu = NULL, *lw = NULL, *ls = NULL;
+    const size_t lse_bytes = sizeof(float) * (size_t)(h * n);
+    cudaMalloc(&dcu, sizeof cu);
+    cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice);
+    cudaMalloc(&lw, lse_bytes);
+    cudaMalloc(&ls, lse_bytes);
+    fmha_forward_args a = {0};
+    a.q = on_device(&q, dq), a.k = on_device(&k, dk), a.v = on_device(&v, dv);
+    a.out = on_device(&ow, dw);
+    a.lse = lw;
+    a.cu_seqlens_q = a.cu_seqlens_k = dcu;
+    a.varlen_batch = nseq;
+    a.max_seqlen_q = a.max_seqlen_k = 517;
+    a.stream = stream;
+    TU_CHECK(fmha_forward(&cfg, &a) == FMHA_STATUS_OK, "packed whole: %s", fmha_last_error());
+    fmha_sp_config sp;
+    fmha_sp_config_init(&sp, 1, 1);
+    sp.layout = layout;
+    fmha_sp_args s;
+    memset(&s, 0, sizeof s);
+    s.q = a.q, s.k = a.k, s.v = a.v, s.out = on_device(&os, ds);
+    s.lse = ls;
+    s.seqlen = n;
+    s.cu_seqlens = cu;
+    s.varlen_batch = nseq;
+    fmha_status st = fmha_sp_forward(&cfg, &sp, comm, &s);
+    TU_CHECK(st == FMHA_STATUS_OK, "packed sp: %s", fmha_last_error());
+    cudaError_t e = cudaStreamSynchronize(stream);
+    TU_CHECK(e == cudaSuccess, "packed sp kernels: %s", cudaGetErrorString(e));
+    float *lse_w = malloc(lse_bytes), *lse_s = malloc(lse_bytes);
+    cudaMemcpy(ow.alloc, dw, ow.alloc_bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(os.alloc, ds, os.alloc_bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(lse_w, lw, lse_bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(lse_s, ls, lse_bytes, cudaMemcpyDeviceToHost);
+    TU_CHECK(tu_gaps_untouched(&os, 0xE7), "packed sp wrote outside out");
+    double worst = 0, worst_lse = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t hh = 0; hh < h; hh++) {
+            for (int64_t e2 = 0; e2 < d; e2++) {
+                const double x = tu_get(&os, 0, i, hh, e2), y = tu_get(&ow, 0, i, hh, e2);
+                worst = isfinite(x) ? fmax(worst, fabs(x - y)) : INFINITY;
+            }
+            const double x = lse_s[hh * n + i], y = lse_w[hh * n + i];
+            worst_lse = isfinite(x) ? fmax(worst_lse, fabs(x - y)) : INFINITY;
+        }
+    TU_CHECK(worst <= 2e-2 && worst_lse <= 1e-3,
+             "packed causal=%d layout=%d: sp differs from the whole by %.3g (lse %.3g)", causal,
+             (int)layout, worst, worst_lse);
+    free(lse_w), free(lse_s);
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dw), cudaFree(ds), cudaFree(dcu);
+    cudaFree(lw), cudaFree(ls);
+    tu_tensor_free(&q), tu_tensor_free(&k), tu_tensor_free(&v), tu_tensor_free(&ow);
+    tu_tensor_free(&os);
+}
+
 int main(void)
 {
     if (!tu_cuda_begin())
@@ -163,6 +242,8 @@ int main(void)
     tu_rng r = {77};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], comm, stream, &r);
+    run_packed(FMHA_SP_LAYOUT_CONTIGUOUS, 0, comm, stream, &r);
+    run_packed(FMHA_SP_LAYOUT_ZIGZAG, 1, comm, stream, &r);
     fmha_comm_free(comm);
     ncclCommDestroy(nc);
     cudaStreamDestroy(stream);

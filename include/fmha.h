@@ -748,11 +748,12 @@ FMHA_API fmha_status fmha_reference_forward(const fmha_config *cfg, const fmha_f
  * CPU a sequence past it is INVALID_ARGUMENT. On CUDA it lets the call run
  * without that host copy (no synchronisation, as CUDA graph capture
  * needs): the host checks max_seqlen_k against the capacity and the
- * rotary table, and the kernels check each sequence's own entries: a
- * cache_seqlens entry negative or past max_seqlen_k (with the new tokens)
- * or a cache_batch_idx outside the cache, and that sequence gets nothing
- * appended; a block table entry outside the pool, and nothing is written
- * into the page it names. Either way the sequence's out rows and LSE are
+ * rotary table (which then needs rows for max_seqlen_k keys, as though
+ * every sequence had them), and the kernels check each sequence's own
+ * entries: a cache_seqlens entry negative or past max_seqlen_k (with the new
+ * tokens) or a cache_batch_idx outside the cache, and that sequence gets
+ * nothing appended; a block table entry of its keys outside the pool, and
+ * nothing is written into the page it names. Either way the sequence's out rows and LSE are
  * NaN; the other sequences run as usual. The split of long caches is
  * planned for max_seqlen_k keys.
  *

@@ -330,7 +330,9 @@ static void make_inputs(dcase *c, dinputs *in, tu_rng *r)
         memset(in->lse[k], 0xFF, sizeof(float) * (size_t)(c->batch * c->heads * c->sq));
     }
     if (c->rotary_dim > 0) {
-        c->rotary_len = longest + c->sq + tu_range(r, 5);
+        /* A bound (max_seqlen_k) stands for every sequence's length on CUDA:
+         * the table must reach it (fmha.h). */
+        c->rotary_len = (c->bound ? c->max_keys : longest) + c->sq + tu_range(r, 5);
         const int64_t half = c->rotary_dim / 2;
         /* room for head_dim + 2 channels: the refused rotary_dim's extent */
         const size_t room = sizeof(float) * (size_t)(c->rotary_len * (c->d / 2 + 1));

@@ -371,6 +371,14 @@ __global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::M
     }
     bool bad = false; /* a page index outside the cache (device_checked): NaN rows */
     const int64_t sk = seq_keys(p, b);
+    /* Device-checked paged calls: every block table entry of the sequence's
+     * keys must name a page of the cache, read by this block or not (a
+     * window or a split may skip pages), as the host's check asks. */
+    if (p.device_checked && p.page_table)
+        for (int64_t t = threadIdx.x; t * p.page_size < sk; t += G::THREADS) {
+            const int32_t pg = __ldg(p.page_table + b * p.page_stride + t);
+            bad |= pg < 0 || pg >= p.cache_rows;
+        }
 
     /* The keys any row of the block sees, and this split's part of them. */
     int64_t lo_first, hi_first, lo_last, hi_last;

@@ -6,7 +6,10 @@ caches, in one process.
 
 Each cache is one tensor in torch's [B, Hkv, S, D] layout; fmha reads it through a
 [B, S, Hkv, D] view (the same bytes), and its paged runs read a pool of 16-token pages in a
-shuffled order through a block table. Every cache is full (cache_seqlens = S).
+shuffled order through a block table. A page holds its tokens' rows of every KV head
+([pages, page, Hkv, D], vLLM's and FlashAttention's layout: a head's rows of a page are 256-byte
+pieces 2 KB apart at d 128), or with --page-layout hnd each head's rows together ([pages, Hkv, page,
+D], passed as a strided [pages, page, Hkv, D] view); `both` times each paged shape both ways. Every cache is full (cache_seqlens = S).
 
 Times: `kernel`, the device time of fmha's kernels per call (torch.profiler, CUPTI); `call`,
 per call from CUDA events over back-to-back calls, which includes the synchronous copy of
@@ -15,7 +18,8 @@ max_seqlen_k given (no host copy: the kernels check the arrays); SDPA from CUDA 
 Bandwidth and "of copy" use the kernel time. fmha's output is checked against SDPA's (largest
 absolute difference printed).
 
-    python3 bench/bench_decode_cuda.py [--lib build/libfmha.so] [--quick] [--out FILE.md]
+    python3 bench/bench_decode_cuda.py [--lib build/libfmha.so] [--quick] [--page-layout nhd|hnd|both]
+                                       [--out FILE.md]
 """
 import argparse
 import os
@@ -79,7 +83,7 @@ def kernel_us(fn, iters):
     return total / iters
 
 
-def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None):
+def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None, hnd=False):
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
     q = torch.randn(batch, 1, heads, d, device="cuda", dtype=bf, generator=g)
@@ -92,11 +96,20 @@ def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None):
         perm = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
         table = perm.reshape(batch, cache // page).contiguous()
         # token t of sequence b sits in page table[b, t // page], slot t % page
-        kp = torch.empty(pages, page, kv_heads, d, device="cuda", dtype=bf)
-        vp = torch.empty_like(kp)
-        kp[table.reshape(-1).long()] = k.transpose(1, 2).reshape(pages, page, kv_heads, d)
-        vp[table.reshape(-1).long()] = v.transpose(1, 2).reshape(pages, page, kv_heads, d)
-        kc, vc = kp, vp
+        if hnd:  # each KV head's rows of a page together, viewed as [pages, page, Hkv, D]
+            kp = torch.empty(pages, kv_heads, page, d, device="cuda", dtype=bf)
+            vp = torch.empty_like(kp)
+            for x, pool in ((k, kp), (v, vp)):
+                pool[table.reshape(-1).long()] = x.reshape(
+                    batch, kv_heads, cache // page, page, d).permute(0, 2, 1, 3, 4).reshape(
+                    pages, kv_heads, page, d)
+            kc, vc = kp.transpose(1, 2), vp.transpose(1, 2)
+        else:
+            kp = torch.empty(pages, page, kv_heads, d, device="cuda", dtype=bf)
+            vp = torch.empty_like(kp)
+            kp[table.reshape(-1).long()] = k.transpose(1, 2).reshape(pages, page, kv_heads, d)
+            vp[table.reshape(-1).long()] = v.transpose(1, 2).reshape(pages, page, kv_heads, d)
+            kc, vc = kp, vp
     else:
         table = None
         kc, vc = k.transpose(1, 2), v.transpose(1, 2)
@@ -216,6 +229,9 @@ def main():
     ap.add_argument("--sweep-env", default="", metavar="VAR=V,...",
                     help="with --sweep: environment settings to time under, ';'-separated "
                          "('' : as set)")
+    ap.add_argument("--page-layout", choices=("nhd", "hnd", "both"), default="nhd",
+                    help="the page pool: a page's rows of every head together (nhd, the default), "
+                         "each head's rows of a page together (hnd), or each paged shape both ways")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 caches against bf16 on the same shapes (speed and accuracy)")
     results_md.add_arguments(ap, HEADINGS)
@@ -276,14 +292,17 @@ def main():
                          "(first four sequences):\n\n" + body)
         return
     rows = []
-    for name, b, h, hk, d, cache, page in shapes:
+    layouts = {"nhd": (False,), "hnd": (True,), "both": (False, True)}[opt.page_layout]
+    runs = [(shape, hnd) for shape in shapes for hnd in (layouts if shape[6] else (False,))]
+    for (name, b, h, hk, d, cache, page), hnd in runs:
         if 2 * b * cache * hk * d * 2 > (PAGED_KV_BYTES_MAX if page else KV_BYTES_MAX):
             continue
         kus, call_ms, bound_ms, sdpa_ms, nbytes, diff = run(fmha, name, b, h, hk, d, cache, page,
-                                                            opt.iters)
+                                                            opt.iters, hnd=hnd)
         bw = nbytes / (kus * 1e-6)
         sdpa_bw = nbytes / (sdpa_ms * 1e-3)
-        row = [name, str(b), f"{h}/{hk}", str(d), str(cache), str(page or "-"), f"{kus:.1f}",
+        where = (f"{page} hnd" if hnd else str(page)) if page else "-"
+        row = [name, str(b), f"{h}/{hk}", str(d), str(cache), where, f"{kus:.1f}",
                f"{bw / 1e12:.2f}", f"{100 * bw / copy:.0f}%", f"{call_ms * 1e3:.1f}",
                f"{bound_ms * 1e3:.1f}",
                f"{sdpa_ms * 1e3:.1f}", f"{sdpa_bw / 1e12:.2f}", f"{sdpa_ms * 1e3 / kus:.2f}",

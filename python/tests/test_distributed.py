@@ -214,6 +214,50 @@ def test_modes_on_gloo(world):
     del torch
 
 
+def _nccl_worker(rank, world, port, failures):
+    import torch
+    import torch.distributed as dist
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        ug, rg = fd.new_groups(1, 1)
+        for (B, S, T, H, KV, D, causal, window, joint, layout) in CASES:
+            g = torch.Generator().manual_seed(S)
+            n = S + T
+            q, k, v = (torch.randn(B, n, h, D, generator=g).to("cuda", torch.bfloat16)
+                       for h in (H, KV, KV))
+            ref = fmha.attention(q, k, v, causal=causal, window=window).float()
+            img = list(range(T, T + S)) if joint == "front" else list(range(S))
+            txt = list(range(T)) if joint == "front" else list(range(S, S + T))
+            kw = dict(seqlen=S, ulysses_group=ug, ring_group=rg, causal=causal, window=window,
+                      layout=layout)
+            if T:
+                kw.update(joint_q=q[:, txt], joint_k=k[:, txt], joint_v=v[:, txt], joint=joint)
+            res = fd.usp_attention(q[:, img], k[:, img], v[:, img], **kw)
+            out, jout = res if T else (res, None)
+            err = (out.float() - ref[:, img]).abs().max().item()
+            if T:
+                err = max(err, (jout.float() - ref[:, txt]).abs().max().item())
+            if not err < 2e-2:  # bf16 pieces merged in f32 against one bf16 call
+                failures.append("nccl case %r: error %g" % (
+                    (B, S, T, H, KV, D, causal, window, joint, layout), err))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_nccl_world_of_one():
+    """On one GPU: NCCL process groups of one rank, every mode degenerate."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
+        pytest.skip("no CUDA device or no NCCL in torch")
+    import torch.multiprocessing as mp
+    with mp.Manager() as m:
+        failures = m.list()
+        mp.spawn(_nccl_worker, args=(1, _free_port(), failures), nprocs=1, join=True)
+        assert not list(failures), "\n".join(failures)
+
+
 def test_packed_joint_tokens_are_refused():
     torch = pytest.importorskip("torch")
     x = torch.zeros(4, 1, 8)

@@ -1,9 +1,9 @@
-"""make_packed.py OUT [self] — writes a packed (variable-length) safetensors
+"""make_packed.py OUT [self|past] — writes a packed (variable-length) safetensors
 input for the CLI tests with the standard library only: three sequences, one
 of them empty, q [45, 4, 32], k/v [50, 2, 32] (GQA), f32, plus int32
 cu_seqlens. With `self`, q and k/v hold the same four sequences (20, 0, 1
 and 37 tokens: q [58, 4, 32], k/v [58, 2, 32]), as sequence parallelism
-needs."""
+needs; `past` the same with offsets ending at 60, past the tensors."""
 import json
 import random
 import struct
@@ -11,9 +11,11 @@ import sys
 
 random.seed(7)
 cu_q, cu_k = [0, 20, 20, 45], [0, 25, 30, 50]
-if sys.argv[2:] == ["self"]:
+if sys.argv[2:] in (["self"], ["past"]):
     cu_q = cu_k = [0, 20, 20, 21, 58]
 nq, nk = cu_q[-1], cu_k[-1]
+if sys.argv[2:] == ["past"]:  # offsets that end past the tensors' 58 tokens
+    cu_q = cu_k = [0, 20, 20, 21, 60]
 tensors = {
     "q": ("F32", [nq, 4, 32], [random.gauss(0, 1) for _ in range(nq * 4 * 32)]),
     "k": ("F32", [nk, 2, 32], [random.gauss(0, 1) for _ in range(nk * 2 * 32)]),

@@ -5,7 +5,8 @@
 # the gathered output checked by the
 # command against one process's forward (and the float64 reference), bench's
 # bytes per rank; and the refusals (U x R not the ranks, no mpirun, heads that
-# U does not divide, cross-attention padded or packed, a rank that fails
+# U does not divide, cross-attention padded or packed, packed offsets past
+# the tensors, a rank that fails
 # alone), each printed
 # once, by rank 0, with every rank exiting non-zero.
 # Usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [MPIEXEC FLAGS...]
@@ -89,6 +90,10 @@ if command -v python3 >/dev/null 2>&1; then
     ranks 1 -- mpi 2 run "$T/cross.safetensors" --sp-ring 2 -o "$T/cross_out.safetensors"
     has "cu_seqlens_q\[1\] = 20 and cu_seqlens_k\[1\] = 25 differ (cross-attention)"
     [ ! -e "$T/cross_out.safetensors" ] && ok || bad "a refused packed run wrote its OUT"
+    python3 "$SRC/tests/make_packed.py" "$T/past.safetensors" past && ok || bad "make_packed.py past"
+    ranks 1 -- mpi 2 run "$T/past.safetensors" --sp-ring 2 -o "$T/past_out.safetensors"
+    has "cu_seqlens_q\\[4\\] = 60: packed offsets start at 0, never decrease and end at the 58 tokens of q"
+    [ ! -e "$T/past_out.safetensors" ] && ok || bad "a refused packed run wrote its OUT"
 fi
 
 # ---- bench: the slowest rank's time, the bytes each rank sent (the ring's

@@ -144,6 +144,19 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
                         "(one packed set of sequences for q, k and v)\n");
         return 1;
     }
+    /* The shard copies rows of the whole before the library sees the call:
+     * the offsets must name rows of it. */
+    for (int64_t b = 0; w->cu_seqlens_q && b <= w->varlen_batch; b++) {
+        const int32_t *cu = w->cu_seqlens_q;
+        if ((b == 0 && cu[0] != 0) || (b > 0 && cu[b] < cu[b - 1]) ||
+            (b == w->varlen_batch && cu[b] != w->q.seqlen)) {
+            fprintf(stderr,
+                    "fmha: cu_seqlens_q[%lld] = %d: packed offsets start at 0, never decrease and "
+                    "end at the %lld tokens of q\n",
+                    (long long)b, (int)cu[b], (long long)w->q.seqlen);
+            return 1;
+        }
+    }
     for (int64_t b = 0; w->cu_seqlens_q && b <= w->varlen_batch; b++)
         if (w->cu_seqlens_q[b] != w->cu_seqlens_k[b]) {
             fprintf(stderr,

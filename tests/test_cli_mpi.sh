@@ -2,13 +2,11 @@
 # test_cli_mpi.sh — `mpirun -np N fmha run|bench --sp-ulysses U --sp-ring R`
 # end to end on 2 and 4 CPU ranks: Ulysses, ring and both, MHA and GQA,
 # causal (zigzag tokens too), dropout, a file in and out, packed sequences,
-# the gathered output checked by the
-# command against one process's forward (and the float64 reference), bench's
-# bytes per rank; and the refusals (U x R not the ranks, no mpirun, heads that
-# U does not divide, cross-attention padded or packed, packed offsets past
-# the tensors, a rank that fails
-# alone), each printed
-# once, by rank 0, with every rank exiting non-zero.
+# the gathered output checked by the command against one process's forward
+# (and the float64 reference), bench's bytes per rank; and the refusals (U x
+# R not the ranks, no mpirun, heads that U does not divide, cross-attention
+# padded or packed, packed offsets past the tensors, a rank that fails
+# alone), each printed once, by rank 0, with every rank exiting non-zero.
 # Usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [MPIEXEC FLAGS...]
 FMHA=${1:?usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [FLAGS...]}
 MPIEXEC=${2:?}

@@ -2,7 +2,7 @@
 # gpu_run.sh — what a GPU machine runs for fmha: build with the CUDA backend,
 # the GPU test suite, compute-sanitizer on a small subset, the CLI on CUDA, and
 # the benchmark against torch's SDPA backends. Logs go to $OUT (or ./gpu-out).
-# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [lowp] [decode] [cli] [variants] [debug] [quant] [quant-ncu]
+# usage: bench/gpu_run.sh [smoke] [test] [bwd] [sanitize] [sass] [ncu] [bench|bench-quick] [ab] [sched] [sched-ncu] [fp8|fp8-quick] [lowp] [decode] [sp] [cli] [variants] [debug] [quant] [quant-ncu]
 # ab: AB_BASE=DIR, a source tree of another commit (git archive COMMIT CMakeLists.txt src include
 # tools tests | tar -x -C DIR), is built into build-base and timed beside this tree's library in one
 # process (bench_cuda.py --ab-lib); AB_BASE is built in the background while the other steps run.
@@ -93,6 +93,17 @@ for step in "$@"; do
         timeout 400 python3 bench/bench_decode_cuda.py --lib build-gpu/libfmha.so ${DECODE_BENCH:---quick} \
             > "$OUT/bench_decode_cuda.log" 2>&1
         summary+=("bench_decode_cuda rc=$?"); grep -v "^|" "$OUT/bench_decode_cuda.log" | tail -40 ;;
+    sp) # sequence parallelism on one GPU: NCCL at world size 1, the CUDA merge, a ring step timed (piece and merge)
+        NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+        for t in test_sp_nccl test_cuda_merge; do
+            LD_LIBRARY_PATH=${NCCL_LIB:+$NCCL_LIB:}${LD_LIBRARY_PATH:-} timeout 200 build-gpu/$t > "$OUT/$t.log" 2>&1
+            summary+=("$t rc=$? $(tail -1 "$OUT/$t.log")")
+            LD_LIBRARY_PATH=${NCCL_LIB:+$NCCL_LIB:}${LD_LIBRARY_PATH:-} timeout 240 compute-sanitizer --tool memcheck \
+                --report-api-errors no build-gpu/$t > "$OUT/memcheck_$t.log" 2>&1
+            summary+=("memcheck $t rc=$? $(grep 'ERROR SUMMARY' "$OUT/memcheck_$t.log" | tail -1)")
+        done
+        timeout 200 build-gpu/sp_step_cuda ${HBM_TBS:-3.35} > "$OUT/sp_step_cuda.log" 2>&1
+        summary+=("sp_step_cuda rc=$?"); cat "$OUT/sp_step_cuda.log" ;;
     cli)
         { build-gpu/fmha info && build-gpu/fmha run --model flux-1024 --device cuda \
           && build-gpu/fmha run --model llama3-8b --seqlen 2048 --device cuda \

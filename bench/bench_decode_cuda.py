@@ -92,24 +92,10 @@ def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None, h
     lens = torch.full((batch,), cache, dtype=torch.int32, device="cuda")
     layer = fmha.Attention(heads, d, num_kv_heads=kv_heads)
     if page:
-        pages = batch * cache // page
-        perm = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
-        table = perm.reshape(batch, cache // page).contiguous()
+        table = torch.randperm(batch * cache // page, device="cuda",
+                               generator=g).to(torch.int32).reshape(batch, cache // page)
         # token t of sequence b sits in page table[b, t // page], slot t % page
-        if hnd:  # each KV head's rows of a page together, viewed as [pages, page, Hkv, D]
-            kp = torch.empty(pages, kv_heads, page, d, device="cuda", dtype=bf)
-            vp = torch.empty_like(kp)
-            for x, pool in ((k, kp), (v, vp)):
-                pool[table.reshape(-1).long()] = x.reshape(
-                    batch, kv_heads, cache // page, page, d).permute(0, 2, 1, 3, 4).reshape(
-                    pages, kv_heads, page, d)
-            kc, vc = kp.transpose(1, 2), vp.transpose(1, 2)
-        else:
-            kp = torch.empty(pages, page, kv_heads, d, device="cuda", dtype=bf)
-            vp = torch.empty_like(kp)
-            kp[table.reshape(-1).long()] = k.transpose(1, 2).reshape(pages, page, kv_heads, d)
-            vp[table.reshape(-1).long()] = v.transpose(1, 2).reshape(pages, page, kv_heads, d)
-            kc, vc = kp, vp
+        kc, vc = paged_pool(k, table, page, hnd), paged_pool(v, table, page, hnd)
     else:
         table = None
         kc, vc = k.transpose(1, 2), v.transpose(1, 2)
@@ -149,16 +135,23 @@ def run(fmha, name, batch, heads, kv_heads, d, cache, page, iters, sweep=None, h
     return kus, call_ms, bound_ms, sdpa_ms, nbytes, diff
 
 
-def paged_pool(x, table, page):
+def paged_pool(x, table, page, hnd=False):
     """[B, Hkv, S, D] caches as a pool of pages in table's order, viewed as
+    [pages, page, Hkv, D]: each page's rows of every head together, or with
+    hnd each head's rows of a page together (a strided view). Copied as
     bytes so that FP8 tensors copy too."""
     B, Hkv, S, D = x.shape
     pages = table.numel()
-    flat = x.transpose(1, 2).reshape(pages, page, Hkv, D)
+    if hnd:
+        flat = x.reshape(B, Hkv, S // page, page, D).permute(0, 2, 1, 3, 4).reshape(
+            pages, Hkv, page, D)
+    else:
+        flat = x.transpose(1, 2).reshape(pages, page, Hkv, D)
     u = flat.view(torch.uint8) if x.element_size() == 1 else flat.view(torch.int16)
     pool = torch.empty_like(u)
     pool[table.reshape(-1).long()] = u
-    return pool.view(x.dtype)
+    pool = pool.view(x.dtype)
+    return pool.transpose(1, 2) if hnd else pool
 
 
 def rel_l2_f64(out, q, k, v, batches):

@@ -1,5 +1,5 @@
 /* cuda_backend.cu — the CUDA backend's table of operations (backend.h):
- * device queries, device memory, cu_seqlens for validation, and the forward
+ * device queries, device memory (the scratch pool), cu_seqlens for validation, and the forward
  * call handed to the plan's kernel (cuda_flash.cu's portable one, the
  * Hopper kernel in hopper/, or cuda_decode.cu's for decode calls), the
  * backward to cuda_backward.cu's. The FP8 quantizer and fp8_smooth_k are
@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mutex>
+
 using namespace fmha_cuda;
 
 namespace
@@ -19,6 +21,36 @@ namespace
 const char *const layer_fix = ", but the layer runs on CUDA: pass device memory (cudaMalloc) or "
                               "build the layer with device cpu";
 } // namespace
+
+/* cuda_common.cuh: one pool per device, created on first use. */
+cudaError_t fmha_cuda::scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream)
+{
+    static std::mutex mu;
+    static cudaMemPool_t pools[64];
+    if (fmha_alloc_injected_failure())
+        return cudaErrorMemoryAllocation;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess)
+        return err;
+    if (dev < 0 || dev >= 64)
+        return cudaErrorInvalidDevice;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!pools[dev]) {
+            cudaMemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = dev;
+            if ((err = cudaMemPoolCreate(&pools[dev], &props)) != cudaSuccess)
+                return err;
+            uint64_t keep = UINT64_MAX;
+            cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+    }
+    return cudaMallocFromPoolAsync(ptr, bytes, pools[dev], stream);
+}
 
 extern "C" int fmha_cuda_device_count(void)
 {

@@ -336,6 +336,12 @@ inline fmha_status cuda_error(cudaError_t err, const char *what)
         "CUDA error in %s: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
+/* Stream-ordered scratch from a pool of fmha's own per device, which keeps
+ * its memory between calls (the default pool would hand it back to the
+ * driver at every synchronisation); freed with cudaFreeAsync on the same
+ * stream. Capturable in a CUDA graph. Defined in cuda_backend.cu. */
+cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream);
+
 /* Device memory for a layer's scratch (cudaMalloc; an injected allocation
  * failure, tests/, refuses it), and its release (NULL is fine). */
 inline fmha_status device_alloc(void **ptr, size_t bytes)

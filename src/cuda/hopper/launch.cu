@@ -20,7 +20,6 @@
 #include <stdint.h>
 
 #include <atomic>
-#include <mutex>
 
 namespace
 {
@@ -82,38 +81,6 @@ fmha_status make_map(CUtensorMap *map, const fmha_tensor &t, int box_rows, int i
                                      : in == IN_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     return make_map_raw(map, t.data, type, b8 ? 1 : 2, dims, strides, box_rows, name);
-}
-
-/* Stream-ordered scratch from a pool of fmha's own per device, which keeps
- * its memory between calls (the default pool would hand it back to the
- * driver at every synchronisation). */
-cudaError_t scratch_alloc(void **ptr, size_t bytes, cudaStream_t stream)
-{
-    static std::mutex mu;
-    static cudaMemPool_t pools[64];
-    if (fmha_alloc_injected_failure())
-        return cudaErrorMemoryAllocation;
-    int dev = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess)
-        return err;
-    if (dev < 0 || dev >= 64)
-        return cudaErrorInvalidDevice;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!pools[dev]) {
-            cudaMemPoolProps props;
-            memset(&props, 0, sizeof props);
-            props.allocType = cudaMemAllocationTypePinned;
-            props.location.type = cudaMemLocationTypeDevice;
-            props.location.id = dev;
-            if ((err = cudaMemPoolCreate(&pools[dev], &props)) != cudaSuccess)
-                return err;
-            uint64_t keep = UINT64_MAX;
-            cudaMemPoolSetAttribute(pools[dev], cudaMemPoolAttrReleaseThreshold, &keep);
-        }
-    }
-    return cudaMallocFromPoolAsync(ptr, bytes, pools[dev], stream);
 }
 
 /* Every query tile of the launch sees the same keys: not causal, windowed

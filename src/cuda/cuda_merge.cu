@@ -1,5 +1,5 @@
 /* cuda_merge.cu — the CUDA backend's operations between attention calls
- * (backend.h): the merge of partial outputs by their LSEs (one block per
+ * (backend.h): the merge of partial outputs by their LSEs (one warp per
  * query row, the weights computed once per row), view copies across dtypes
  * and LSE fills. The semantics are cpu/cpu_merge.c's, in f32 as there. */
 #include "cuda_common.cuh"
@@ -27,56 +27,115 @@ struct merge_params {
     int64_t l_b, l_h;
 };
 
-/* One block per query row (b, s, h); thread 0 computes the weights. A part
- * of LSE -inf weighs 0 and is not read; NaN or +inf makes the row NaN. */
-__global__ void merge_kernel(const merge_params p)
+/* Four elements of a row from element c on (c a multiple of 4, the row
+ * aligned to four elements), as f32. */
+__device__ __forceinline__ float4 load4_any(const char *row, int dtype, int64_t c)
 {
-    __shared__ float w[FMHA_MERGE_MAX_PARTS], ls[FMHA_MERGE_MAX_PARTS];
-    __shared__ float total;
-    __shared__ int state; /* 0 merge, 1 no key (0, -inf), 2 NaN */
-    const int64_t r = blockIdx.x;
+    if (dtype == FMHA_DTYPE_F32)
+        return *(const float4 *)(row + c * 4);
+    const uint2 u = *(const uint2 *)(row + c * 2);
+    float2 lo, hi;
+    if (dtype == FMHA_DTYPE_BF16) {
+        lo = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
+        hi = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    } else {
+        lo = __half22float2(*(const __half2 *)&u.x);
+        hi = __half22float2(*(const __half2 *)&u.y);
+    }
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+__device__ __forceinline__ void store4_any(char *row, int dtype, int64_t c, float4 x)
+{
+    if (dtype == FMHA_DTYPE_F32) {
+        *(float4 *)(row + c * 4) = x;
+        return;
+    }
+    uint2 u;
+    if (dtype == FMHA_DTYPE_BF16) {
+        *(__nv_bfloat162 *)&u.x = __floats2bfloat162_rn(x.x, x.y);
+        *(__nv_bfloat162 *)&u.y = __floats2bfloat162_rn(x.z, x.w);
+    } else {
+        *(__half2 *)&u.x = __floats2half2_rn(x.x, x.y);
+        *(__half2 *)&u.y = __floats2half2_rn(x.z, x.w);
+    }
+    *(uint2 *)(row + c * 2) = u;
+}
+
+constexpr int merge_rows = 8; /* query rows per block, one warp each */
+constexpr unsigned full_warp = 0xffffffffu;
+
+/* One warp per query row (b, s, h): lane i reads part i's LSE, the warp
+ * reduces max and sum by shuffles, and the lanes then sweep the row's
+ * columns (four at a time where `vec`: every row aligned to four elements
+ * and dv a multiple of four). A part of LSE -inf weighs 0 and is not read;
+ * NaN or +inf makes the row NaN. Each element is read and written by the
+ * same lane, so out may be one of the parts. */
+__global__ void __launch_bounds__(merge_rows * 32)
+    merge_kernel(const merge_params p, int64_t rows, int vec)
+{
+    __shared__ float ws[merge_rows][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * merge_rows + warp;
+    if (r >= rows)
+        return;
     const int64_t h = r % p.heads, s = r / p.heads % p.seqlen, b = r / (p.heads * p.seqlen);
-    if (threadIdx.x == 0) {
-        float m = -INFINITY;
-        int nan = 0;
-        for (int i = 0; i < p.n; i++) {
-            const float x = p.parts[i].lse[b * p.parts[i].l_b + h * p.parts[i].l_h + s];
-            ls[i] = x;
-            if (x != x || x == INFINITY)
-                nan = 1;
-            else if (x > m)
-                m = x;
-        }
-        if (nan || m == -INFINITY) {
-            state = nan ? 2 : 1;
-            total = nan ? NAN : -INFINITY;
-        } else {
-            float sum = 0.0f;
-            for (int i = 0; i < p.n; i++) {
-                w[i] = ls[i] == -INFINITY ? 0.0f : expf(ls[i] - m);
-                sum += w[i];
-            }
-            for (int i = 0; i < p.n; i++)
-                w[i] /= sum;
-            state = 0;
-            total = m + logf(sum);
-        }
-    }
-    __syncthreads();
+    float x = -INFINITY;
+    if (lane < p.n)
+        x = p.parts[lane].lse[b * p.parts[lane].l_b + h * p.parts[lane].l_h + s];
+    const unsigned bad = __ballot_sync(full_warp, x != x || x == INFINITY);
+    const unsigned live = __ballot_sync(full_warp, x == x && x != -INFINITY);
+    float m = bad ? -INFINITY : x;
+    for (int o = 16; o; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(full_warp, m, o));
+    float w = !bad && x != -INFINITY ? expf(x - m) : 0.0f, sum = w;
+    for (int o = 16; o; o >>= 1)
+        sum += __shfl_xor_sync(full_warp, sum, o);
+    const int state = bad ? 2 : m == -INFINITY ? 1 : 0; /* merge, no key (0, -inf), NaN */
+    ws[warp][lane] = state == 0 ? w / sum : 0.0f;
+    __syncwarp();
+    const float fill = state == 2 ? NAN : 0.0f;
     char *orow = p.out + b * p.o_b + s * p.o_s + h * p.o_h;
-    for (int64_t c = threadIdx.x; c < p.dv; c += blockDim.x) {
-        float acc = state == 2 ? NAN : 0.0f;
-        if (state == 0)
-            for (int i = 0; i < p.n; i++)
-                if (ls[i] != -INFINITY) {
+    if (vec) {
+        for (int64_t c = 4 * lane; c < p.dv; c += 128) {
+            float4 acc = make_float4(fill, fill, fill, fill);
+            if (state == 0)
+                for (unsigned todo = live; todo; todo &= todo - 1) {
+                    const int i = __ffs(todo) - 1;
                     const merge_part &q = p.parts[i];
-                    acc +=
-                        w[i] * load_any(q.data + b * q.s_b + s * q.s_s + h * q.s_h, p.in_dtype, c);
+                    const float wi = ws[warp][i];
+                    const float4 v =
+                        load4_any(q.data + b * q.s_b + s * q.s_s + h * q.s_h, p.in_dtype, c);
+                    acc.x += wi * v.x, acc.y += wi * v.y, acc.z += wi * v.z, acc.w += wi * v.w;
                 }
-        store_any(orow, p.out_dtype, c, acc);
+            store4_any(orow, p.out_dtype, c, acc);
+        }
+    } else {
+        for (int64_t c = lane; c < p.dv; c += 32) {
+            float acc = fill;
+            if (state == 0)
+                for (unsigned todo = live; todo; todo &= todo - 1) {
+                    const int i = __ffs(todo) - 1;
+                    const merge_part &q = p.parts[i];
+                    acc += ws[warp][i] *
+                           load_any(q.data + b * q.s_b + s * q.s_s + h * q.s_h, p.in_dtype, c);
+                }
+            store_any(orow, p.out_dtype, c, acc);
+        }
     }
-    if (threadIdx.x == 0 && p.lse)
-        p.lse[b * p.l_b + h * p.l_h + s] = total;
+    if (lane == 0 && p.lse)
+        p.lse[b * p.l_b + h * p.l_h + s] = state == 0   ? m + logf(sum)
+                                           : state == 1 ? -INFINITY
+                                                        : NAN;
+}
+
+/* Whether every row of t (bytes per element es) starts on a four-element
+ * boundary and its width is a multiple of four: merge_kernel's vector path. */
+bool rows_aligned4(const fmha_tensor &t, int64_t es)
+{
+    const int64_t a = 4 * es;
+    return t.head_dim % 4 == 0 && (uintptr_t)t.data % a == 0 && t.stride_batch * es % a == 0 &&
+           t.stride_seq * es % a == 0 && t.stride_head * es % a == 0;
 }
 
 struct copy_params {
@@ -162,7 +221,13 @@ extern "C" fmha_status fmha_cuda_merge(const fmha_merge_problem *mp, void *strea
                               "the CUDA merge takes at most 2^31 - 1 query rows (got %lld): "
                               "merge a batch at a time",
                               (long long)rows);
-    merge_kernel<<<(unsigned)rows, threads_for(o.head_dim), 0, (cudaStream_t)stream>>>(p);
+    if (rows == 0)
+        return FMHA_STATUS_OK;
+    bool vec = rows_aligned4(o, oes);
+    for (int i = 0; i < mp->n && vec; i++)
+        vec = rows_aligned4(mp->parts[i], ies);
+    const int64_t blocks = (rows + merge_rows - 1) / merge_rows;
+    merge_kernel<<<(unsigned)blocks, merge_rows * 32, 0, (cudaStream_t)stream>>>(p, rows, vec);
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "merge launch");
 }

@@ -85,8 +85,12 @@ constexpr float LN2_F = 0.69314718055994531f, LOG2E_F = 1.4426950408889634f;
  * range; the keys' descales multiply the f32 scores, the values' multiply P
  * relative to the split's first value descale, and the powers of two and
  * that descale are taken out again in f32. */
+#ifndef FMHA_DECODE_DSPLIT128 /* a tuning build's warps per key quarter at D = 128 */
+#define FMHA_DECODE_DSPLIT128 1
+#endif
 template <int D, int RT, bool F8 = false> struct dtile {
-    static constexpr int DIM = D, KQ = 4, DSPLIT = D >= 256 ? 2 : 1;
+    static constexpr int DIM = D, KQ = 4;
+    static constexpr int DSPLIT = D >= 256 ? 2 : D == 128 ? FMHA_DECODE_DSPLIT128 : 1;
     static constexpr int WARPS = KQ * DSPLIT * RT, THREADS = 32 * WARPS, STAGES = 3;
     static constexpr int MINB =
         D <= 128 ? 2 : 1;                  /* blocks per multiprocessor the registers allow */

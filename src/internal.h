@@ -38,7 +38,9 @@ typedef struct fmha_problem {
     const int32_t *page_table;    /* paged caches: [batch][page_stride] */
     int64_t page_stride, page_size;
     fmha_kv_descale_layout kv_descale_layout; /* FP8 caches' descales (args.descale_k/v) */
-    int device_checked; /* CUDA with max_seqlen_k: the index arrays are read by the kernels alone */
+    /* The index arrays are read by the kernels alone: a device decode given
+     * max_seqlen_k, a device packed forward given both bounds (validate.h) */
+    int device_checked;
     int64_t num_splits; /* key splits asked for (0: the backend chooses) */
     /* The call's own arguments, whose arrays (cache_seqlens, cache_batch_idx,
      * block_table, rotary tables) live in the backend's memory; the

@@ -155,11 +155,13 @@ static fmha_status check_finite(const fmha_layer *l, const fmha_forward_args *a)
 static fmha_status forward(fmha_layer *layer, const fmha_forward_args *args,
                            const fmha_piece *piece)
 {
-    /* Validation reads cu_seqlens on the host: a device backend copies them. */
+    /* Validation reads cu_seqlens on the host: a device backend copies them,
+     * unless the bounds are given and the kernels check them. */
     fmha_forward_args host = *args;
     int32_t *cq = NULL, *ck = NULL;
     fmha_status st = FMHA_STATUS_OK;
     if (layer->be->host_cu_seqlens && args->cu_seqlens_q &&
+        !fmha_cu_seqlens_device_checked(&layer->cfg, args) &&
         (st = layer->be->host_cu_seqlens(args, &cq, &ck)) != FMHA_STATUS_OK)
         return st;
     if (cq) {

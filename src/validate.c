@@ -314,14 +314,16 @@ static fmha_status check_score_mods(const fmha_config *cfg, const fmha_forward_a
     return FMHA_STATUS_OK;
 }
 
-fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *a,
-                                  fmha_problem *pb)
+int fmha_cu_seqlens_device_checked(const fmha_config *cfg, const fmha_forward_args *a)
 {
-    fmha_status st = fmha_validate_config(cfg);
-    return st != FMHA_STATUS_OK ? st : fmha_validate_args(cfg, a, pb);
+    return cfg->device != FMHA_DEVICE_CPU && cfg->dtype != FMHA_DTYPE_F8_E4M3 &&
+           cfg->fp8_compute == FMHA_FP8_COMPUTE_OFF && a && a->cu_seqlens_q &&
+           a->max_seqlen_q > 0 && a->max_seqlen_k > 0;
 }
 
-fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *a, fmha_problem *pb)
+/* fmha_validate_args; device_checked: cu_seqlens unread here (above). */
+static fmha_status validate_args(const fmha_config *cfg, const fmha_forward_args *a,
+                                 fmha_problem *pb, int device_checked)
 {
     fmha_status st;
     if (!a)
@@ -398,11 +400,16 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
             return INVALID("packed tensors hold more than 2^31 tokens; int32 cu_seqlens cannot "
                            "index them");
         int64_t mq, mk;
-        if ((st = check_cu_seqlens(a->cu_seqlens_q, a->varlen_batch, a->q.seqlen, "cu_seqlens_q",
-                                   &mq)) != FMHA_STATUS_OK ||
-            (st = check_cu_seqlens(a->cu_seqlens_k, a->varlen_batch, a->k.seqlen, "cu_seqlens_k",
-                                   &mk)) != FMHA_STATUS_OK)
+        if (device_checked) { /* the bounds stand for the offsets, which the kernels check */
+            mq = a->max_seqlen_q < a->q.seqlen ? a->max_seqlen_q : a->q.seqlen;
+            mk = a->max_seqlen_k < a->k.seqlen ? a->max_seqlen_k : a->k.seqlen;
+            pb->device_checked = 1;
+        } else if ((st = check_cu_seqlens(a->cu_seqlens_q, a->varlen_batch, a->q.seqlen,
+                                          "cu_seqlens_q", &mq)) != FMHA_STATUS_OK ||
+                   (st = check_cu_seqlens(a->cu_seqlens_k, a->varlen_batch, a->k.seqlen,
+                                          "cu_seqlens_k", &mk)) != FMHA_STATUS_OK) {
             return st;
+        }
         if (a->max_seqlen_q < 0 || (a->max_seqlen_q > 0 && a->max_seqlen_q < mq))
             return INVALID("max_seqlen_q (%lld) is below the longest query sequence (%lld); "
                            "pass 0 to let fmha compute it",
@@ -437,6 +444,18 @@ fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *
         pb->drop_rescale = 1.0;
     }
     return FMHA_STATUS_OK;
+}
+
+fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *a, fmha_problem *pb)
+{
+    return validate_args(cfg, a, pb, fmha_cu_seqlens_device_checked(cfg, a));
+}
+
+fmha_status fmha_validate_forward(const fmha_config *cfg, const fmha_forward_args *a,
+                                  fmha_problem *pb)
+{
+    fmha_status st = fmha_validate_config(cfg);
+    return st != FMHA_STATUS_OK ? st : fmha_validate_args(cfg, a, pb);
 }
 
 fmha_status fmha_validate_quantize(const fmha_tensor *x, const fmha_tensor *y, const float *scales,
@@ -1032,7 +1051,8 @@ fmha_status fmha_validate_backward_args(const fmha_config *cfg, const fmha_backw
     fwd->alibi_slopes = b->alibi_slopes;
     fwd->alibi_stride_batch = b->alibi_stride_batch;
     fwd->sinks = b->sinks;
-    fmha_status st = fmha_validate_args(cfg, fwd, pb);
+    /* The backward's host copies of cu_seqlens are checked here. */
+    fmha_status st = validate_args(cfg, fwd, pb, 0);
     if (st != FMHA_STATUS_OK)
         return st;
     if (b->dsinks && !b->sinks)

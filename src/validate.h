@@ -18,6 +18,12 @@ fmha_status fmha_validate_config(const fmha_config *cfg);
 fmha_status fmha_validate_args(const fmha_config *cfg, const fmha_forward_args *args,
                                fmha_problem *pb);
 
+/* Whether a packed forward's cu_seqlens stay in device memory, unread by the
+ * host: an f16/bf16 forward on a device (no FP8 compute) given both
+ * max_seqlen_q and max_seqlen_k. Validation then takes the bounds for the
+ * longest sequences and the kernels check the offsets (fmha.h). */
+int fmha_cu_seqlens_device_checked(const fmha_config *cfg, const fmha_forward_args *args);
+
 /* Checks a backward call: its q, k, v, out, lse and lengths as a forward's
  * (fwd is filled with them and must outlive pb, which points to it), then
  * lse (required), dout and each wanted gradient's dtype and shape. Fills pb,

@@ -14,13 +14,13 @@ static void describe(const tcase *c, char *buf, size_t n)
         buf, n,
         "%s isa=%s b=%lld sq=%lld sk=%lld h=%lld kv=%lld d=%lld dv=%lld dt=%s out=%s "
         "layouts=%d%d%d "
-        "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d lse=%d descales=%d/%lld ramp=%d "
+        "causal=%d win=(%lld,%lld) softcap=%g drop=%g varlen=%d/%d lse=%d descales=%d/%lld ramp=%d "
         "mask=%d/%d alibi=%d sinks=%d",
         c->device == FMHA_DEVICE_CUDA ? "cuda" : "cpu", fmha_cpu_isa_name(c->isa),
         (long long)c->batch, (long long)c->sq, (long long)c->sk, (long long)c->heads,
         (long long)c->kv, (long long)c->d, (long long)c->dv, fmha_dtype_name(c->dt),
         fmha_dtype_name(c->odt), c->lq, c->lkv, c->lo, c->causal, (long long)c->wl,
-        (long long)c->wr, c->softcap, c->dropout, c->varlen, c->lse, (int)c->dl,
+        (long long)c->wr, c->softcap, c->dropout, c->varlen, c->bounds, c->lse, (int)c->dl,
         (long long)c->dblock, c->ramp, c->mask, c->mask_bcast, c->alibi, c->sinks);
 }
 
@@ -305,6 +305,14 @@ int tcase_run(const tcase *c, tu_rng *rng, tcase_runner run)
     }
     case_mods mods;
     mods_draw(c, rng, &mods, &a.mask, &a.alibi_slopes, &a.alibi_stride_batch, &a.sinks);
+    for (int64_t b = 0; c->varlen && c->bounds && b < c->batch; b++) {
+        /* bounds given: a CUDA layer reads no offset on the host (fmha.h) */
+        const int64_t slack = c->bounds == 2 && !a.mask.data ? 1 + b : 0;
+        if (cuq[b + 1] - cuq[b] + slack > a.max_seqlen_q)
+            a.max_seqlen_q = cuq[b + 1] - cuq[b] + slack;
+        if (cuk[b + 1] - cuk[b] + slack > a.max_seqlen_k)
+            a.max_seqlen_k = cuk[b + 1] - cuk[b] + slack;
+    }
 
     int ok = 1;
     double tol = 0;
@@ -453,6 +461,7 @@ tcase tcase_random(tu_rng *r, int index, const tcase_space *space)
         c.scale = 0.05 + 0.2 * tu_uniform(r);
     c.varlen = tu_range(r, 5) == 0;
     if (c.varlen) {
+        c.bounds = (int)((c.sq + c.sk) % 3); /* no draw: the stream of cases stays as it was */
         c.batch = 1 + tu_range(r, 4);
         c.lq = c.lq == 1 ? 0 : c.lq; /* packed tensors: contiguous or padded strides */
         c.lkv = c.lkv == 1 ? 0 : c.lkv;

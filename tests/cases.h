@@ -15,6 +15,7 @@ typedef struct tcase {
     int64_t wl, wr;
     double softcap, dropout, scale;
     int varlen, lse, threads;
+    int bounds; /* varlen: max_seqlen_q/k 0 (none), 1 the longest, 2 above it (no mask) */
     fmha_cpu_isa isa;
     fmha_device device;
     fmha_descale_layout dl; /* dt f8_e4m3: where the descales sit */

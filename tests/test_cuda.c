@@ -140,6 +140,119 @@ static void test_fp8_refusals(void)
     }
 }
 
+/* Packed calls given max_seqlen_q and max_seqlen_k leave their offsets on
+ * the device (fmha.h): valid offsets give the host-checked call's out and
+ * LSE bit for bit, on every kernel and Hopper schedule; offsets that break
+ * a rule (an entry past the tensor, a decrease, a sequence above its bound,
+ * cu[0] != 0) still return OK, with every element of out and lse NaN. Outputs
+ * are poisoned with a finite pattern, so that NaN has to be written. */
+static void test_device_checked_offsets(void)
+{
+    const int64_t H = 4, KV = 2, D = 64, T = 96;
+    static const int32_t ok[4] = {0, 40, 41, 90};
+    struct {
+        int32_t q[4], k[4];
+        int64_t max_q, max_k;
+        const char *what;
+    } cases[] = {
+        {{0, 40, 41, 90}, {0, 40, 41, 90}, 49, 49, "valid"},
+        {{0, 40, 41, 90}, {0, 40, 41, 90}, 60, 70, "valid, loose bounds"},
+        {{0, 40, 41, 97}, {0, 40, 41, 90}, 60, 60, "cu_seqlens_q past the tensor"},
+        {{0, 40, 41, 90}, {0, 40, 30, 90}, 60, 60, "cu_seqlens_k decreasing"},
+        {{0, 40, 41, 90}, {0, 40, 41, 90}, 45, 60, "a sequence above max_seqlen_q"},
+        {{1, 40, 41, 90}, {0, 40, 41, 90}, 60, 60, "cu_seqlens_q[0] = 1"},
+    };
+    static const char *kernels[] = {"auto", "portable"};
+    static const char *schedules[] = {"persistent", "split", "tiles"};
+    tu_rng rng = {4321};
+    tu_tensor q, k, v;
+    tu_tensor_init(&q, FMHA_DTYPE_BF16, 1, T, H, D, 0, 0);
+    tu_tensor_init(&k, FMHA_DTYPE_BF16, 1, T, KV, D, 0, 0);
+    tu_tensor_init(&v, FMHA_DTYPE_BF16, 1, T, KV, D, 0, 0);
+    tu_fill_normal(&q, &rng, 1.0);
+    tu_fill_normal(&k, &rng, 1.0);
+    tu_fill_normal(&v, &rng, 1.0);
+    fmha_config cfg;
+    fmha_config_init(&cfg, H, KV, D);
+    cfg.causal = 1;
+    cfg.device = FMHA_DEVICE_CUDA;
+    const size_t nlse = (size_t)(H * T);
+    for (int kn = 0; kn < 2; kn++)
+        for (int sc = 0; sc < (kn ? 1 : 3); sc++) {
+            setenv("FMHA_CUDA_KERNEL", kernels[kn], 1);
+            setenv("FMHA_CUDA_SCHEDULE", schedules[sc], 1);
+            tu_tensor want, got;
+            float *lse_want = malloc(nlse * sizeof(float)), *lse_got = malloc(nlse * sizeof(float));
+            tu_tensor_init(&want, FMHA_DTYPE_BF16, 1, T, H, D, 0, 0x3F);
+            memset(lse_want, 0x3F, nlse * sizeof(float));
+            fmha_forward_args a = {.q = q.t,
+                                   .k = k.t,
+                                   .v = v.t,
+                                   .out = want.t,
+                                   .lse = lse_want,
+                                   .cu_seqlens_q = ok,
+                                   .cu_seqlens_k = ok,
+                                   .varlen_batch = 3};
+            TU_CHECK(run_cuda(&cfg, &a) == FMHA_STATUS_OK, "host-checked packed call: %s",
+                     fmha_last_error());
+            for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+                tu_tensor_init(&got, FMHA_DTYPE_BF16, 1, T, H, D, 0, 0x3F);
+                memset(lse_got, 0x3F, nlse * sizeof(float));
+                a.out = got.t;
+                a.lse = lse_got;
+                a.cu_seqlens_q = cases[c].q;
+                a.cu_seqlens_k = cases[c].k;
+                a.max_seqlen_q = cases[c].max_q;
+                a.max_seqlen_k = cases[c].max_k;
+                fmha_status st = run_cuda(&cfg, &a);
+                TU_CHECK(st == FMHA_STATUS_OK, "%s (%s, %s): %s", cases[c].what, kernels[kn],
+                         schedules[sc], fmha_last_error());
+                int64_t nan_out = 0, nan_lse = 0, same = 0;
+                double lse_diff = 0;
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t e = 0; e < D; e++) {
+                            const double x = tu_get(&got, 0, t, h, e),
+                                         y = tu_get(&want, 0, t, h, e);
+                            nan_out += x != x;
+                            same += x == y || (x != x && y != y);
+                        }
+                for (size_t i = 0; i < nlse; i++) {
+                    nan_lse += lse_got[i] != lse_got[i];
+                    same += !memcmp(&lse_got[i], &lse_want[i], sizeof(float));
+                    lse_diff = fmax(lse_diff, fabs((double)lse_got[i] - lse_want[i]));
+                }
+                if (c == 1) /* other bounds may split the keys otherwise: rounding apart */
+                    TU_CHECK(nan_out == 0 && nan_lse == 0 && tu_rel_l2(&got, &want) < 5e-3 &&
+                                 lse_diff < 1e-3,
+                             "%s (%s, %s): rel. L2 %.3g, LSE off by %.3g, NaN %lld / %lld",
+                             cases[c].what, kernels[kn], schedules[sc], tu_rel_l2(&got, &want),
+                             lse_diff, (long long)nan_out, (long long)nan_lse);
+                else if (c == 0)
+                    TU_CHECK(same == T * H * D + (int64_t)nlse,
+                             "%s (%s, %s): %lld of %lld values differ from the host-checked "
+                             "call's",
+                             cases[c].what, kernels[kn], schedules[sc],
+                             (long long)(T * H * D + (int64_t)nlse - same),
+                             (long long)(T * H * D + (int64_t)nlse));
+                else
+                    TU_CHECK(nan_out == T * H * D && nan_lse == (int64_t)nlse,
+                             "%s (%s, %s): %lld of %lld out and %lld of %lld lse values NaN",
+                             cases[c].what, kernels[kn], schedules[sc], (long long)nan_out,
+                             (long long)(T * H * D), (long long)nan_lse, (long long)nlse);
+                tu_tensor_free(&got);
+            }
+            tu_tensor_free(&want);
+            free(lse_want);
+            free(lse_got);
+        }
+    unsetenv("FMHA_CUDA_KERNEL");
+    unsetenv("FMHA_CUDA_SCHEDULE");
+    tu_tensor_free(&q);
+    tu_tensor_free(&k);
+    tu_tensor_free(&v);
+}
+
 /* q [tb, ts, H, D] and k, v [tb, ts, KV, D] of dtype dt, N(0, 1). */
 static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, int64_t tb,
                        int64_t ts, int64_t H, int64_t KV, int64_t D, tu_rng *rng)
@@ -724,6 +837,7 @@ int main(int argc, char **argv)
     test_dropout_mask_matches_cpu(FMHA_DTYPE_BF16, 0);
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);
     test_host_pointer_refused();
+    test_device_checked_offsets();
     test_cuda_empty_and_faults(&rng);
     cudaStreamDestroy(stream);
     return tu_summary();

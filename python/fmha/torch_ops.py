@@ -27,9 +27,11 @@ The forwards return (out, lse, rng_state): lse float32 [B, H, Sq] (padded)
 or [H, total_q] (packed), and rng_state int64 [2] on the CPU, the seed (its
 64 bits as a signed integer) and the offset (0) that the backward reads to
 draw the same dropout mask. cu_seqlens are tensors read where q lives: on
-CUDA the Python layer does not copy them to the host (libfmha's CUDA layer
-still does, to validate them: src/layer.c, so a varlen CUDA call cannot yet
-be captured in a CUDA graph).
+CUDA the Python layer does not copy them to the host. Nor does libfmha when
+max_seqlen_q and max_seqlen_k are given (bf16/f16, no FP8): the device
+checks the offsets (include/fmha.h), so such a varlen forward can be
+captured in a CUDA graph; without the bounds libfmha copies the offsets to
+the host to validate them and to find the longest sequences.
 """
 from typing import Optional
 

@@ -18,6 +18,12 @@ extern "C" {
  * then reports the arguments. */
 fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *args, int32_t **q, int32_t **k);
 
+/* A packed forward's device-checked cu_seqlens (fmha_problem.device_checked):
+ * one launch on `stream`, before the attention kernel, that writes *bad
+ * (device memory) 1 and fills out and lse with NaN when an offset breaks
+ * fmha.h's rules, else writes *bad 0. */
+fmha_status fmha_cuda_check_cu_seqlens(const fmha_problem *pb, int *bad, void *stream);
+
 /* fmha_backend.count_non_finite: one launch on `stream` over t (device
  * memory), then a synchronous copy of the count and the first index. */
 fmha_status fmha_cuda_count_non_finite(const fmha_tensor *t, int64_t *count, int64_t first[4],

@@ -151,16 +151,34 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
     flash_params p;
     fill_flash_params(pb, &p);
     cudaStream_t stream = (cudaStream_t)a->stream;
+    int *bad = nullptr; /* device-checked offsets: the check's verdict, read by the kernel */
+    if (pb->varlen && pb->device_checked) {
+        cudaError_t err = scratch_alloc((void **)&bad, sizeof(int), stream);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                                  "reserving 4 bytes of device scratch to check cu_seqlens: %s",
+                                  cudaGetErrorString(err));
+        }
+        if ((st = fmha_cuda_check_cu_seqlens(pb, bad, stream)) != FMHA_STATUS_OK) {
+            cudaFreeAsync(bad, stream);
+            return st;
+        }
+        p.cu_bad = bad;
+    }
     switch (plan->kernel->info.id) {
-    case FMHA_KERNEL_ID_cuda_flash_sm80: return portable_forward(plan, pb, p, stream);
+    case FMHA_KERNEL_ID_cuda_flash_sm80: st = portable_forward(plan, pb, p, stream); break;
 #ifdef FMHA_HAVE_CUDA_HOPPER
-    case FMHA_KERNEL_ID_cuda_hopper_sm90: return hopper_forward(plan, pb, p, stream);
-    case FMHA_KERNEL_ID_cuda_hopper_fp8_sm90: return hopper_fp8_forward(plan, pb, p, stream);
+    case FMHA_KERNEL_ID_cuda_hopper_sm90: st = hopper_forward(plan, pb, p, stream); break;
+    case FMHA_KERNEL_ID_cuda_hopper_fp8_sm90: st = hopper_fp8_forward(plan, pb, p, stream); break;
 #endif
     default:
-        return fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not in this build",
-                              plan->kernel->info.name);
+        st = fmha_set_error(FMHA_STATUS_UNSUPPORTED, "kernel %s is not in this build",
+                            plan->kernel->info.name);
     }
+    if (bad)
+        cudaFreeAsync(bad, stream);
+    return st;
 }
 
 /* Runs a validated backward call on the backward kernel, on the current

@@ -29,6 +29,11 @@ struct flash_params {
     int64_t q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh, o_sb, o_ss, o_sh;
     const int32_t *cu_q, *cu_k;
     int varlen;
+    /* Packed calls whose offsets the host did not read
+     * (fmha_problem.device_checked): nonzero where fmha_cuda_check_cu_seqlens
+     * found them broken, and then no block computes (out and lse are NaN);
+     * NULL otherwise. */
+    const int *cu_bad;
     int heads, group;
     int64_t sq, sk, total_q;
     int d, dv;
@@ -164,6 +169,8 @@ __device__ __forceinline__ bool block_span_at(block_span &s, const flash_params 
         s.k0 = p.cu_k[s.b];
         s.sk = p.cu_k[s.b + 1] - s.k0;
         s.tb = 0;
+        if (p.cu_bad && *p.cu_bad)
+            return false;
     }
     if (s.m0 >= s.sq)
         return false;

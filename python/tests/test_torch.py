@@ -55,6 +55,52 @@ def test_cpu_varlen_and_flash_attn():
     ref.assert_lse(f64(lse), want_lse)
 
 
+def test_repeated_calls_table(monkeypatch):
+    """A repeated call takes the repeat table (fmha/_api.py): same answer as
+    the first call, bit for bit, on new data in the same layout; a call that
+    differs in strides, options, return_lse or an environment knob is not
+    mistaken for it, nor is a lazily negated view (refused); a call the table took still
+    validates in libfmha."""
+    from fmha import _api
+    monkeypatch.setattr(_api, "_repeat", __import__("threading").local())
+    q, k, v = (rand((2, 19, 4, 32), "f32", seed=s) for s in range(3))
+    first, lse1 = fmha.attention(q, k, v, causal=True, return_lse=True)
+    table = _api._repeat.calls
+    assert len(table) == 1
+    q2, k2, v2 = (rand((2, 19, 4, 32), "f32", seed=s + 10) for s in range(3))
+    again, lse2 = fmha.attention(q2, k2, v2, causal=True, return_lse=True)
+    assert len(table) == 1  # a hit
+    want, want_lse = ref.attention(f64(q2), f64(k2), f64(v2), causal=True)
+    ref.assert_close(f64(again), want, "f32")
+    ref.assert_lse(f64(lse2), want_lse)
+    assert torch.equal(fmha.attention(q, k, v, causal=True, return_lse=True)[0], first)
+    # Each of these differs from the first call in one thing the table keys on.
+    qt = rand((2, 19, 4, 32), "f32", layout="bhsd", seed=1)  # same shape, other strides
+    others = [
+        (lambda: fmha.attention(qt, k, v, causal=True, return_lse=True)[0],
+         lambda: ref.attention(f64(qt), f64(k), f64(v), causal=True)[0]),
+        (lambda: fmha.attention(q, k, v, causal=False, return_lse=True)[0],
+         lambda: ref.attention(f64(q), f64(k), f64(v), causal=False)[0]),
+        (lambda: fmha.attention(q, k, v, causal=True),
+         lambda: ref.attention(f64(q), f64(k), f64(v), causal=True)[0]),
+    ]
+    for i, (got, exact) in enumerate(others):
+        n = len(table)
+        ref.assert_close(f64(got()), exact(), "f32")
+        assert len(table) == n + 1, i
+    with pytest.raises(ValueError, match="negated"):  # refused, not taken for q
+        fmha.attention(q._neg_view(), k, v, causal=True, return_lse=True)
+    monkeypatch.setenv("FMHA_CPU_ISA", "scalar")
+    n = len(table)
+    fmha.attention(q, k, v, causal=True, return_lse=True)
+    assert len(table) == n + 1
+    # libfmha still validates a call the table takes: an out-of-range window
+    bad = fmha.attention(q, k, v, window=(3, 3))
+    with pytest.raises(ValueError, match="window"):
+        fmha.attention(q, k, v, window=(3, -5))
+    ref.assert_close(f64(bad), ref.attention(f64(q), f64(k), f64(v), window=(3, 3))[0], "f32")
+
+
 def test_cpu_errors():
     q = rand((1, 8, 2, 16), "f32")
     with pytest.raises(ValueError, match="contiguous.*\\.contiguous\\(\\)"):

@@ -518,14 +518,14 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
 # ForwardArgs with the pointers still to fill, its output's shape and dtype)
 # from a per-thread table instead of checking and converting each argument
 # again in Python (libfmha still validates every call). Only torch tensors,
-# without out=, FP8 descales, score modifiers or a kept Attention layer;
-# lazily negated views (is_neg) and the environment's knobs are part of the
-# key. Least recently used out first.
+# without out=, FP8 descales or score modifiers; the Attention object (by its
+# op key, never reused), lazily negated views (is_neg) and the environment's
+# knobs are part of the key. Least recently used out first.
 _REPEATS = 64
 _repeat = threading.local()
 
 
-def _repeat_key(q, k, v, opts, return_lse):
+def _repeat_key(q, k, v, opts, return_lse, layer_for):
     """The key of a padded call in the repeat table, or None for a call the
     table does not take."""
     torch = T._torch()
@@ -537,8 +537,9 @@ def _repeat_key(q, k, v, opts, return_lse):
         return None
     return (q.shape, q.stride(), q.dtype, q.device, q.is_neg(), k.shape, k.stride(), k.dtype,
             k.device, k.is_neg(), v.shape, v.stride(), v.dtype, v.device, v.is_neg(),
-            opts.causal, opts.softmax_scale, opts.window, opts.softcap, opts.dropout_p,
-            bool(return_lse), _knob_values())
+            opts.causal, opts.softmax_scale, opts.window, opts.softcap, opts.dropout_p, opts.fp8,
+            opts.fp8_smooth_k, opts.check_finite, opts.deterministic, bool(return_lse),
+            _layer_key(layer_for), _knob_values())
 
 
 def _repeat_run(entry, q, k, v, opts, seed):
@@ -566,14 +567,16 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
                    mods=_NO_MODS):
     """attention() on q's own memory through ctypes (the body of fmha::fwd)."""
     key = None
-    if out is None and layer_for is None and not mods and all(d is None for d in descales):
-        key = _repeat_key(q, k, v, opts, return_lse)
+    if out is None and not mods and all(d is None for d in descales):
+        key = _repeat_key(q, k, v, opts, return_lse, layer_for)
         table = getattr(_repeat, "calls", None)
         if table is None:
             table = _repeat.calls = collections.OrderedDict()
         entry = table.get(key) if key is not None else None
         if entry is not None:
             table.move_to_end(key)
+            if layer_for is not None:  # the Attention's latest layer, as _layer_for sets it
+                layer_for.__self__._last = entry[0]
             out, lse = _repeat_run(entry, q, k, v, opts, seed)
             return (out, lse) if return_lse else out
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)

@@ -88,6 +88,15 @@ def test_repeated_calls_table(monkeypatch):
         n = len(table)
         ref.assert_close(f64(got()), exact(), "f32")
         assert len(table) == n + 1, i
+    # Attention layers: each its own entries (their options differ, their keys too)
+    for causal in (False, True):
+        layer = fmha.Attention(4, 32, causal=causal)
+        n = len(table)
+        for x in (q, q2):
+            got = layer.forward(x, k, v)
+            ref.assert_close(f64(got), ref.attention(f64(x), f64(k), f64(v), causal=causal)[0],
+                             "f32")
+        assert len(table) == n + 1 and layer.kernel
     with pytest.raises(ValueError, match="negated"):  # refused, not taken for q
         fmha.attention(q._neg_view(), k, v, causal=True, return_lse=True)
     monkeypatch.setenv("FMHA_CPU_ISA", "scalar")

@@ -445,8 +445,9 @@ def test_cuda_graph_capture(packed):
         graph.replay()
         want = call()
         torch.cuda.synchronize()
-        assert torch.equal(out, want), offsets
+        n = offsets[-1] if packed else total // 2  # tokens past the last sequence: unwritten
+        assert torch.equal(out[:n], want[:n]), offsets
         if packed:  # and the host-checked call (bounds computed from the offsets)
-            host = fmha.varlen_attention(q, k, v, cu, cu, None, None, causal=True)
-            err = ((out.float() - host.float()).norm() / host.float().norm()).item()
+            host = fmha.varlen_attention(q, k, v, cu, cu, None, None, causal=True)[:n]
+            err = ((out[:n].float() - host.float()).norm() / host.float().norm()).item()
             assert err < 1e-2, (offsets, err)

@@ -73,9 +73,10 @@ constexpr float LN2_F = 0.69314718055994531f, LOG2E_F = 1.4426950408889634f;
 
 /* A block: RT tiles of 16 rows (RT = 2 where a KV head has more than 16
  * rows: a large GQA group or MQA, so two row tiles share each K/V tile),
- * four key quarters per row tile, and for D = 256 two warps per quarter
- * (each P.V over half the columns: twice the warps at the same shared
- * memory, half the accumulators each).
+ * four key quarters per row tile, and DSP warps per quarter (each P.V over
+ * 1 / DSP of the columns: DSP times the warps at the same shared memory, a
+ * DSP-th of the accumulators each): 2 at D = 256, and at D = 128 for paged
+ * caches with one row tile (launch_rows).
  *
  * F8 (FP8 caches): the stages hold e4m3 codes; each tile is decoded into a
  * 16-bit tile (cur) that the warps then read as for 16-bit caches. The
@@ -85,12 +86,8 @@ constexpr float LN2_F = 0.69314718055994531f, LOG2E_F = 1.4426950408889634f;
  * range; the keys' descales multiply the f32 scores, the values' multiply P
  * relative to the split's first value descale, and the powers of two and
  * that descale are taken out again in f32. */
-#ifndef FMHA_DECODE_DSPLIT128 /* a tuning build's warps per key quarter at D = 128 */
-#define FMHA_DECODE_DSPLIT128 1
-#endif
-template <int D, int RT, bool F8 = false> struct dtile {
-    static constexpr int DIM = D, KQ = 4;
-    static constexpr int DSPLIT = D >= 256 ? 2 : D == 128 ? FMHA_DECODE_DSPLIT128 : 1;
+template <int D, int RT, bool F8 = false, int DSP = (D >= 256 ? 2 : 1)> struct dtile {
+    static constexpr int DIM = D, KQ = 4, DSPLIT = DSP;
     static constexpr int WARPS = KQ * DSPLIT * RT, THREADS = 32 * WARPS, STAGES = 3;
     static constexpr int MINB =
         D <= 128 ? 2 : 1;                  /* blocks per multiprocessor the registers allow */
@@ -314,15 +311,15 @@ __device__ __forceinline__ float rotated(const T *src, int c, int rotary_dim, in
 
 /* One block: RT x 16 rows of (sequence b, KV head hk), keys of one split.
  * Grid: x = (b * kv_heads + hk) * row_blocks + row block, y = split. */
-template <int D, bool BF16, int RT, bool F8>
-__global__ void __launch_bounds__(dtile<D, RT, F8>::THREADS, dtile<D, RT, F8>::MINB)
+template <int D, bool BF16, int RT, bool F8, int DSP>
+__global__ void __launch_bounds__(dtile<D, RT, F8, DSP>::THREADS, dtile<D, RT, F8, DSP>::MINB)
     decode_kernel(const dec_params p)
 {
     typedef typename elem<BF16>::T T;
     typedef typename elem<BF16 && !F8>::T MT; /* the products' inputs: f16 for FP8 caches */
     typedef typename std::conditional<F8, uint8_t, T>::type E; /* a cache element */
     constexpr bool MB = BF16 && !F8;
-    typedef dtile<D, RT, F8> G;
+    typedef dtile<D, RT, F8, DSP> G;
     constexpr int KT = G::KT, BN = G::BN, DS = G::DS, STAGES = G::STAGES, KQ = G::KQ;
     constexpr int SB = G::SB, DW = D / G::DSPLIT; /* DW: columns of a warp's P.V */
     extern __shared__ __align__(16) unsigned char smem[];
@@ -893,12 +890,12 @@ int choose_splits(int64_t blocks, int64_t slots, int64_t sms, int64_t max_keys, 
     return best;
 }
 
-template <int D, bool BF16, int RT, bool F8>
+template <int D, bool BF16, int RT, bool F8, int DSP = (D >= 256 ? 2 : 1)>
 fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cudaStream_t stream)
 {
-    typedef dtile<D, RT, F8> G;
+    typedef dtile<D, RT, F8, DSP> G;
     const size_t smem = G::SMEM;
-    cudaError_t err = cudaFuncSetAttribute(decode_kernel<D, BF16, RT, F8>,
+    cudaError_t err = cudaFuncSetAttribute(decode_kernel<D, BF16, RT, F8, DSP>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int dev = 0, sms = 1, per_sm = 1;
     if (err == cudaSuccess)
@@ -906,8 +903,8 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
     if (err == cudaSuccess)
         err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (err == cudaSuccess)
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<D, BF16, RT, F8>,
-                                                            G::THREADS, smem);
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, decode_kernel<D, BF16, RT, F8, DSP>, G::THREADS, smem);
     if (err != cudaSuccess)
         return cuda_error(err, "preparing the decode kernel");
     p.row_blocks = (p.rows + 16 * RT - 1) / (16 * RT);
@@ -939,7 +936,7 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
         p.part_lse = p.part_o + (size_t)p.splits * (size_t)nrows * (size_t)pb->dv;
     }
     dim3 grid((unsigned)blocks, (unsigned)p.splits);
-    decode_kernel<D, BF16, RT, F8><<<grid, G::THREADS, smem, stream>>>(p);
+    decode_kernel<D, BF16, RT, F8, DSP><<<grid, G::THREADS, smem, stream>>>(p);
     if (p.splits > 1 && (err = cudaGetLastError()) == cudaSuccess) {
         const int64_t nrows = pb->batch * pb->heads * pb->max_sq;
         merge_splits<<<(unsigned)((nrows + 3) / 4), 128, 0, stream>>>(p);
@@ -950,7 +947,10 @@ fmha_status launch(dec_params &p, const fmha_problem *pb, fmha_workspace *ws, cu
 
 /* FP8 caches on their kernel; else two row tiles per block where a KV head
  * has more than 16 rows (head dims to 128: above, the block's accumulators
- * would not fit its registers). */
+ * would not fit its registers). Paged caches at D = 128 with one row tile:
+ * two warps per key quarter (on an H100, bench/NOTES.md: 16-token pages
+ * 16% faster at batch 16 and 14% at 64; contiguous caches no faster, batch
+ * 1 at 128k keys and MQA's two row tiles slower). */
 template <int D, bool BF16>
 fmha_status launch_rows(dec_params &p, const fmha_problem *pb, fmha_workspace *ws,
                         cudaStream_t stream)
@@ -960,6 +960,9 @@ fmha_status launch_rows(dec_params &p, const fmha_problem *pb, fmha_workspace *w
         return launch<D, BF16, 1, true>(p, pb, ws, stream);
     if (p.rows > 16)
         return launch<D, BF16, RT2, false>(p, pb, ws, stream);
+    if constexpr (D == 128)
+        if (p.page_table)
+            return launch<D, BF16, 1, false, 2>(p, pb, ws, stream);
     return launch<D, BF16, 1, false>(p, pb, ws, stream);
 }
 

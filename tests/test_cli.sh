@@ -252,12 +252,13 @@ expect 2 "sp-ring 2.*\(not started by mpirun\|built without\)" -- "$FMHA" run --
 expect 0 ": ok" -- "$FMHA" run --model flux-1024 --seqlen 32 --sp-ulysses 1 --sp-ring 1
 expect 2 "--sp-ring 0 is out of range: allowed 1 to 65536" -- "$FMHA" bench --sp-ring 0
 expect 2 "options of run and bench" -- "$FMHA" accuracy --sp-ulysses 2
-expect 0 "best: ulysses 1 x ring 8, .* 96.0% efficiency" -- "$FMHA" sp-plan --model wan2.1-14b-720p
+expect 0 "best: ulysses 8 x ring 1, .* 95.4% efficiency" -- "$FMHA" sp-plan --model wan2.1-14b-720p
 expect 0 "16 .*8 x 2 .*heads do not split" -- "$FMHA" sp-plan --model wan2.1-14b-720p --devices 8,16
 expect 0 "heads 24 / kv heads 24 do not split over ulysses 16" -- "$FMHA" sp-plan --model hunyuanvideo-720p --devices 32
 expect 2 "expected an integer in \\[1, 65536\\]" -- "$FMHA" sp-plan --heads 0 --seqlen 10
 expect 2 "give --model PRESET or --heads and --seqlen" -- "$FMHA" sp-plan
-expect 2 "fractions of the link" -- "$FMHA" sp-plan --model flux-1024 --a2a-eff 1.5
+expect 2 "fractions of a bandwidth" -- "$FMHA" sp-plan --model flux-1024 --a2a-eff 1.5
+expect 2 "fractions of a bandwidth" -- "$FMHA" sp-plan --model flux-1024 --merge-eff 1.2
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -20,6 +20,7 @@ void sp_machine_defaults(sp_machine *m)
     m->ib_gbps = 400.0;    /* one 400 Gb/s NDR NIC per GPU */
     m->tflops = 634.8;     /* bench/RESULTS.md: fmha bf16 on an H200, wan14b_720p */
     m->hbm_tbs = 4.8;      /* H200 HBM3e */
+    m->merge_eff = 0.8;    /* bench/RESULTS.md: sp_step_cuda on an H100, 0.80 of 3.35 TB/s */
     m->a2a_eff = 0.8;
     m->p2p_eff = 0.9;
     m->nvlink_lat_us = 10.0;
@@ -73,7 +74,7 @@ sp_estimate sp_estimate_split(const sp_shape *s, const sp_machine *m, int u, int
      * merge (read the running f32 result and the piece's, write the result);
      * the next slot's K/V travel meanwhile (r - 1 transfers). */
     const double merge_bytes = 3.0 * B * slot * (H / u) * D * 4.0;
-    const double merge = merge_bytes / (m->hbm_tbs * 1e12) * 1e3;
+    const double merge = merge_bytes / (m->hbm_tbs * 1e12 * m->merge_eff) * 1e3;
     e.merge = merge * r;
     e.ring_step_c = e.compute / r + merge;
     double ring = e.ring_step_c;
@@ -94,13 +95,14 @@ static const char plan_usage[] =
     "usage: fmha sp-plan [--model PRESET | --heads H --kv-heads HK --head-dim D --seqlen S]\n"
     "       [--text T] [--batch B] [--causal] [--dtype bf16|f16|f32] [--devices N[,N...]]\n"
     "       [--gpus-per-node G] [--nvlink-gbs X] [--ib-gbps X] [--tflops X] [--hbm-tbs X]\n"
-    "       [--a2a-eff X] [--p2p-eff X] [--nvlink-lat-us X] [--ib-lat-us X]\n"
+    "       [--merge-eff X] [--a2a-eff X] [--p2p-eff X] [--nvlink-lat-us X] [--ib-lat-us X]\n"
     "  Predicts sequence-parallel attention's time for every split ulysses x ring of N\n"
     "  devices (default 8) and names the best; with several N, a strong-scaling table of\n"
     "  the best split, the best Ulysses-only and the best ring-only. Defaults: H200 nodes\n"
     "  of 8 GPUs, NVLink 900 GB/s per GPU (both ways), InfiniBand 400 Gb/s per GPU, the\n"
-    "  kernel at 634.8 TFLOP/s (bench/RESULTS.md, bf16 on an H200), all-to-all at 0.8 and\n"
-    "  send/recv at 0.9 of the links. docs/sequence_parallel.md has the formulas.\n";
+    "  kernel at 634.8 TFLOP/s (bench/RESULTS.md, bf16 on an H200), the merges at 0.8 of\n"
+    "  4.8 TB/s of HBM, all-to-all at 0.8 and send/recv at 0.9 of the links.\n"
+    "  docs/sequence_parallel.md has the formulas.\n";
 
 static int parse_double(const char *flag, const char *s, double lo, double *out)
 {
@@ -203,6 +205,7 @@ int sp_plan_main(int argc, char **argv)
         O_IB,
         O_TF,
         O_HBM,
+        O_MERGE,
         O_A2A,
         O_P2P,
         O_NVLAT,
@@ -224,6 +227,7 @@ int sp_plan_main(int argc, char **argv)
         {"ib-gbps", required_argument, 0, O_IB},
         {"tflops", required_argument, 0, O_TF},
         {"hbm-tbs", required_argument, 0, O_HBM},
+        {"merge-eff", required_argument, 0, O_MERGE},
         {"a2a-eff", required_argument, 0, O_A2A},
         {"p2p-eff", required_argument, 0, O_P2P},
         {"nvlink-lat-us", required_argument, 0, O_NVLAT},
@@ -284,6 +288,7 @@ int sp_plan_main(int argc, char **argv)
         case O_IB: bad = parse_double("--ib-gbps", optarg, 1e-3, &m.ib_gbps); break;
         case O_TF: bad = parse_double("--tflops", optarg, 1e-6, &m.tflops); break;
         case O_HBM: bad = parse_double("--hbm-tbs", optarg, 1e-6, &m.hbm_tbs); break;
+        case O_MERGE: bad = parse_double("--merge-eff", optarg, 1e-3, &m.merge_eff); break;
         case O_A2A: bad = parse_double("--a2a-eff", optarg, 1e-3, &m.a2a_eff); break;
         case O_P2P: bad = parse_double("--p2p-eff", optarg, 1e-3, &m.p2p_eff); break;
         case O_NVLAT: bad = parse_double("--nvlink-lat-us", optarg, 0, &m.nvlink_lat_us); break;
@@ -310,8 +315,9 @@ int sp_plan_main(int argc, char **argv)
                 (long long)s.heads, (long long)s.kv_heads);
         return 2;
     }
-    if (m.a2a_eff > 1 || m.p2p_eff > 1) {
-        fprintf(stderr, "fmha sp-plan: --a2a-eff and --p2p-eff are fractions of the link, <= 1\n");
+    if (m.a2a_eff > 1 || m.p2p_eff > 1 || m.merge_eff > 1) {
+        fprintf(stderr, "fmha sp-plan: --a2a-eff, --p2p-eff and --merge-eff are fractions of a "
+                        "bandwidth, <= 1\n");
         return 2;
     }
     char text[48] = "";
@@ -321,8 +327,10 @@ int sp_plan_main(int argc, char **argv)
            (long long)s.batch, (long long)s.seqlen, text, (long long)s.heads, (long long)s.kv_heads,
            (long long)s.head_dim, s.elem_bytes == 4 ? "f32" : "16-bit", s.causal ? ", causal" : "");
     printf("machine: %d GPUs per node, NVLink %.0f GB/s, InfiniBand %.0f Gb/s per GPU, kernel "
-           "%.1f TFLOP/s, HBM %.1f TB/s, all-to-all %.2f, send/recv %.2f of the link\n",
-           m.gpus_per_node, m.nvlink_gbs, m.ib_gbps, m.tflops, m.hbm_tbs, m.a2a_eff, m.p2p_eff);
+           "%.1f TFLOP/s, HBM %.1f TB/s (merges at %.2f of it), all-to-all %.2f, send/recv %.2f "
+           "of the link\n",
+           m.gpus_per_node, m.nvlink_gbs, m.ib_gbps, m.tflops, m.hbm_tbs, m.merge_eff, m.a2a_eff,
+           m.p2p_eff);
     if (ndev == 0)
         devices[ndev++] = 8;
     if (ndev == 1) {

@@ -14,6 +14,7 @@ typedef struct sp_machine {
     double ib_gbps;                  /* InfiniBand, Gbit/s per GPU, each direction */
     double tflops;                   /* the attention kernel, dense TFLOP/s */
     double hbm_tbs;                  /* HBM, TB/s (the merges) */
+    double merge_eff;                /* the merge kernel: achieved / HBM bandwidth */
     double a2a_eff;                  /* all-to-all: achieved / link bandwidth */
     double p2p_eff;                  /* ring send/recv: achieved / link bandwidth */
     double nvlink_lat_us, ib_lat_us; /* per exchange */

@@ -140,6 +140,18 @@ static void test_fp8_refusals(void)
     }
 }
 
+/* q [tb, ts, H, D] and k, v [tb, ts, KV, D] of dtype dt, N(0, 1). */
+static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, int64_t tb,
+                       int64_t ts, int64_t H, int64_t KV, int64_t D, tu_rng *rng)
+{
+    tu_tensor_init(q, dt, tb, ts, H, D, 0, 0);
+    tu_tensor_init(k, dt, tb, ts, KV, D, 0, 0);
+    tu_tensor_init(v, dt, tb, ts, KV, D, 0, 0);
+    tu_fill_normal(q, rng, 1.0);
+    tu_fill_normal(k, rng, 1.0);
+    tu_fill_normal(v, rng, 1.0);
+}
+
 /* Packed calls given max_seqlen_q and max_seqlen_k leave their offsets on
  * the device (fmha.h): valid offsets give the host-checked call's out and
  * LSE bit for bit, on every kernel and Hopper schedule; offsets that break
@@ -166,12 +178,7 @@ static void test_device_checked_offsets(void)
     static const char *schedules[] = {"persistent", "split", "tiles"};
     tu_rng rng = {4321};
     tu_tensor q, k, v;
-    tu_tensor_init(&q, FMHA_DTYPE_BF16, 1, T, H, D, 0, 0);
-    tu_tensor_init(&k, FMHA_DTYPE_BF16, 1, T, KV, D, 0, 0);
-    tu_tensor_init(&v, FMHA_DTYPE_BF16, 1, T, KV, D, 0, 0);
-    tu_fill_normal(&q, &rng, 1.0);
-    tu_fill_normal(&k, &rng, 1.0);
-    tu_fill_normal(&v, &rng, 1.0);
+    qkv_normal(&q, &k, &v, FMHA_DTYPE_BF16, 1, T, H, KV, D, &rng);
     fmha_config cfg;
     fmha_config_init(&cfg, H, KV, D);
     cfg.causal = 1;
@@ -251,18 +258,6 @@ static void test_device_checked_offsets(void)
     tu_tensor_free(&q);
     tu_tensor_free(&k);
     tu_tensor_free(&v);
-}
-
-/* q [tb, ts, H, D] and k, v [tb, ts, KV, D] of dtype dt, N(0, 1). */
-static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, int64_t tb,
-                       int64_t ts, int64_t H, int64_t KV, int64_t D, tu_rng *rng)
-{
-    tu_tensor_init(q, dt, tb, ts, H, D, 0, 0);
-    tu_tensor_init(k, dt, tb, ts, KV, D, 0, 0);
-    tu_tensor_init(v, dt, tb, ts, KV, D, 0, 0);
-    tu_fill_normal(q, rng, 1.0);
-    tu_fill_normal(k, rng, 1.0);
-    tu_fill_normal(v, rng, 1.0);
 }
 
 /* A layer with fp8_compute on CUDA quantizes on the GPU and runs the FP8

@@ -517,7 +517,8 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
 # such call after the first takes what the first one derived (its layer, its
 # ForwardArgs with the pointers still to fill, its output's shape and dtype)
 # from a per-thread table instead of checking and converting each argument
-# again in Python (libfmha still validates every call). Only torch tensors,
+# again in Python (libfmha still validates every call). Only torch tensors
+# (packed calls: int32 offsets in q's memory, their bounds in the key),
 # without out=, FP8 descales or score modifiers; the Attention object (by its
 # op key, never reused), lazily negated views (is_neg) and the environment's
 # knobs are part of the key. Least recently used out first.
@@ -542,8 +543,24 @@ def _repeat_key(q, k, v, opts, return_lse, layer_for):
             _layer_key(layer_for), _knob_values())
 
 
-def _repeat_run(entry, q, k, v, opts, seed):
-    """A call of the repeat table: (out, lse or None)."""
+def _repeat_key_packed(q, k, v, cuq, cuk, max_q, max_k, opts, return_lse, layer_for):
+    """_repeat_key of a packed call: its offsets int32 torch tensors, contiguous,
+    in q's memory (as libfmha reads them, no conversion), else None."""
+    key = _repeat_key(q, k, v, opts, return_lse, layer_for)
+    if key is None or type(cuq) is not type(q) or type(cuk) is not type(q):
+        return None
+    i32 = sys.modules["torch"].int32
+    if cuq.dtype is not i32 or cuk.dtype is not i32 or cuq.device != q.device or \
+            cuk.device != q.device or not cuq.is_contiguous() or not cuk.is_contiguous():
+        return None
+    if not all(m is None or type(m) is int for m in (max_q, max_k)):
+        return None
+    return key + (cuq.shape, cuq.is_neg(), cuk.shape, cuk.is_neg(), max_q, max_k)
+
+
+def _repeat_run(entry, q, k, v, opts, seed, cu=None):
+    """A call of the repeat table: (out, lse or None); cu: a packed call's
+    (cu_seqlens_q, cu_seqlens_k)."""
     torch = sys.modules["torch"]
     layer, args, out_shape, out_dtype, lse_shape = entry
     dev = q.device
@@ -554,6 +571,8 @@ def _repeat_run(entry, q, k, v, opts, seed):
     a.out.data = out.data_ptr()
     a.lse = lse.data_ptr() if lse is not None else None
     a.seed = _dropout_seed(seed, opts.dropout_p)
+    if cu is not None:
+        a.cu_seqlens_q, a.cu_seqlens_k = cu[0].data_ptr(), cu[1].data_ptr()
     if dev.type == "cuda":
         with torch.cuda.device(dev):
             a.stream = torch.cuda.current_stream().cuda_stream
@@ -561,6 +580,14 @@ def _repeat_run(entry, q, k, v, opts, seed):
     else:
         layer.forward(a)
     return out, lse
+
+
+def _repeat_add(table, key, layer, args, out, lse):
+    """Enters a call that has run into the repeat table."""
+    table[key] = (layer, bytes(args), tuple(out.shape), out.dtype,
+                  tuple(lse.shape) if lse is not None else None)
+    if len(table) > _REPEATS:
+        table.popitem(last=False)
 
 
 def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None,) * 3,
@@ -601,10 +628,7 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
         layer = (layer_for or _oneshot_layer)(cfg, qv)
         a = _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed, descales=descales, mods=mods)
         if key is not None:
-            table[key] = (layer, bytes(a), tuple(out.shape), out.dtype,
-                          tuple(lse.shape) if lse is not None else None)
-            if len(table) > _REPEATS:
-                table.popitem(last=False)
+            _repeat_add(table, key, layer, a, out, lse)
     del descales, mods  # the arrays (maybe converted copies) lived through the call
     return (out, lse) if return_lse else out
 
@@ -626,6 +650,20 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opt
 def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
                    return_lse, seed, layer_for=None, descales=(None,) * 3, mods=_NO_MODS):
     """varlen_attention() through ctypes (the body of fmha::varlen_fwd)."""
+    key = None
+    if out is None and not mods and all(d is None for d in descales):
+        key = _repeat_key_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 opts, return_lse, layer_for)
+        table = getattr(_repeat, "calls", None)
+        if table is None:
+            table = _repeat.calls = collections.OrderedDict()
+        entry = table.get(key) if key is not None else None
+        if entry is not None:
+            table.move_to_end(key)
+            if layer_for is not None:  # the Attention's latest layer, as _layer_for sets it
+                layer_for.__self__._last = entry[0]
+            out, lse = _repeat_run(entry, q, k, v, opts, seed, (cu_seqlens_q, cu_seqlens_k))
+            return (out, lse) if return_lse else out
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)
     T.same_device(qv, kv, vv)
     _check_fp8_dtypes(qv, kv, vv)
@@ -651,8 +689,10 @@ def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         if mods:
             mods = mods.fields(qv, nq - 1, H, None, None)
         layer = (layer_for or _oneshot_layer)(cfg, qv)
-        _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed,
-             varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), descales=descales, mods=mods)
+        a = _run(cfg, layer, qv, kv, vv, ov, T.data_ptr(lse), seed,
+                 varlen=(cuq_ptr, cuk_ptr, nq - 1, max_q, max_k), descales=descales, mods=mods)
+        if key is not None:
+            _repeat_add(table, key, layer, a, out, lse)
     # the index, descale and modifier arrays (maybe converted copies) lived through the call
     del cuq, cuk, descales, mods
     return (out, lse) if return_lse else out

@@ -110,6 +110,36 @@ def test_repeated_calls_table(monkeypatch):
     ref.assert_close(f64(bad), ref.attention(f64(q), f64(k), f64(v), window=(3, 3))[0], "f32")
 
 
+def test_repeated_packed_calls_table(monkeypatch):
+    """Packed calls take the repeat table when their offsets are int32 tensors
+    in q's memory: a hit with other offsets (same count, same bounds) reads
+    the new ones; int64 offsets are converted and not taken; other bounds
+    make another entry."""
+    from fmha import _api
+    monkeypatch.setattr(_api, "_repeat", __import__("threading").local())
+    q, k, v = (rand((1, 40, 4, 32), "f32", seed=s)[0] for s in range(3))
+    k, v = k[:, :2], v[:, :2]  # GQA 4/2, strided views
+    runs = [([0, 10, 10, 40], 30), ([0, 25, 33, 40], 30), ([0, 1, 2, 3], 30), ([0, 5, 9, 12], 7)]
+    sizes = []
+    for offsets, bound in runs:
+        cu = torch.tensor(offsets, dtype=torch.int32)
+        out, lse = fmha.varlen_attention(q, k, v, cu, cu, bound, bound, causal=True,
+                                         return_lse=True)
+        want, want_lse = ref.varlen_attention(f64(q), f64(k), f64(v), cu.numpy(), cu.numpy(),
+                                              causal=True)
+        n = offsets[-1]  # tokens past the last sequence are not written
+        ref.assert_close(f64(out)[:n], want[:n], "f32")
+        ref.assert_lse(f64(lse)[:, :n], want_lse[:, :n])
+        sizes.append(len(_api._repeat.calls))
+    assert sizes == [1, 1, 1, 2], sizes
+    cu64 = torch.tensor([0, 25, 33, 40])
+    out = fmha.varlen_attention(q, k, v, cu64, cu64, 30, 30, causal=True)
+    want = ref.varlen_attention(f64(q), f64(k), f64(v), cu64.numpy(), cu64.numpy(),
+                                causal=True)[0]
+    ref.assert_close(f64(out), want, "f32")
+    assert len(_api._repeat.calls) == 2
+
+
 def test_cpu_errors():
     q = rand((1, 8, 2, 16), "f32")
     with pytest.raises(ValueError, match="contiguous.*\\.contiguous\\(\\)"):

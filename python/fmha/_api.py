@@ -582,6 +582,20 @@ def _repeat_run(entry, q, k, v, opts, seed, cu=None):
     return out, lse
 
 
+def _repeat_entry(key, layer_for):
+    """(this thread's repeat table, key's entry or None); a found entry becomes
+    the most recent, and an Attention's latest layer, as _layer_for sets it."""
+    table = getattr(_repeat, "calls", None)
+    if table is None:
+        table = _repeat.calls = collections.OrderedDict()
+    entry = table.get(key) if key is not None else None
+    if entry is not None:
+        table.move_to_end(key)
+        if layer_for is not None:
+            layer_for.__self__._last = entry[0]
+    return table, entry
+
+
 def _repeat_add(table, key, layer, args, out, lse):
     """Enters a call that has run into the repeat table."""
     table[key] = (layer, bytes(args), tuple(out.shape), out.dtype,
@@ -596,14 +610,8 @@ def _padded_direct(q, k, v, opts, out, return_lse, seed, layer_for=None, descale
     key = None
     if out is None and not mods and all(d is None for d in descales):
         key = _repeat_key(q, k, v, opts, return_lse, layer_for)
-        table = getattr(_repeat, "calls", None)
-        if table is None:
-            table = _repeat.calls = collections.OrderedDict()
-        entry = table.get(key) if key is not None else None
+        table, entry = _repeat_entry(key, layer_for)
         if entry is not None:
-            table.move_to_end(key)
-            if layer_for is not None:  # the Attention's latest layer, as _layer_for sets it
-                layer_for.__self__._last = entry[0]
             out, lse = _repeat_run(entry, q, k, v, opts, seed)
             return (out, lse) if return_lse else out
     qv, kv, vv = T.view(q, "q", 4), T.view(k, "k", 4), T.view(v, "v", 4)
@@ -654,14 +662,8 @@ def _packed_direct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if out is None and not mods and all(d is None for d in descales):
         key = _repeat_key_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                  opts, return_lse, layer_for)
-        table = getattr(_repeat, "calls", None)
-        if table is None:
-            table = _repeat.calls = collections.OrderedDict()
-        entry = table.get(key) if key is not None else None
+        table, entry = _repeat_entry(key, layer_for)
         if entry is not None:
-            table.move_to_end(key)
-            if layer_for is not None:  # the Attention's latest layer, as _layer_for sets it
-                layer_for.__self__._last = entry[0]
             out, lse = _repeat_run(entry, q, k, v, opts, seed, (cu_seqlens_q, cu_seqlens_k))
             return (out, lse) if return_lse else out
     qv, kv, vv = T.view(q, "q", 3), T.view(k, "k", 3), T.view(v, "v", 3)

@@ -156,9 +156,7 @@ static fmha_status cuda_forward(const fmha_plan *plan, const fmha_problem *pb, f
         cudaError_t err = scratch_alloc((void **)&bad, sizeof(int), stream);
         if (err != cudaSuccess) {
             cudaGetLastError();
-            return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
-                                  "reserving 4 bytes of device scratch to check cu_seqlens: %s",
-                                  cudaGetErrorString(err));
+            return cuda_error(err, "reserving device scratch to check cu_seqlens");
         }
         if ((st = fmha_cuda_check_cu_seqlens(pb, bad, stream)) != FMHA_STATUS_OK) {
             cudaFreeAsync(bad, stream);

@@ -18,7 +18,11 @@ in float64 against float64 attention on the unquantized inputs:
                   on integer tensor cores with exact sums (considered for fmha and not taken:
                   on peaked attention UINT8 P loses the small weights that E4M3 keeps)
 
-usage: python3 bench/lowp_modes.py [--seqlen S] [--heads H] [--head-dim D] [--out FILE.md]
+--captured also measures q, k, v that diffusers' Flux and Wan transformers computed (small
+configs at head dim 128, random weights: captured_inputs.py; needs torch and diffusers).
+
+usage: python3 bench/lowp_modes.py [--seqlen S] [--heads H] [--head-dim D] [--captured]
+                                   [--out FILE.md]
 """
 import argparse
 import os
@@ -132,12 +136,21 @@ def main():
     ap.add_argument("--seqlen", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=128, help="a power of two (the rotation)")
+    ap.add_argument("--captured", action="store_true",
+                    help="also q, k, v of diffusers' Flux and Wan (captured_inputs.py)")
     results_md.add_arguments(ap, {"lowp-modes": "Low-precision schemes emulated (float64 numpy)"})
     opt = ap.parse_args()
     rows = []
     print("%-9s %-21s %10s %12s %10s" % ("inputs", "scheme", "rel. L2", "1 - cosine", "max err"))
-    for kind in dit_inputs.KINDS:
-        q, k, v = dit_inputs.make(opt.seqlen, opt.heads, opt.head_dim, seed=0, kind=kind)
+    kinds = list(dit_inputs.KINDS)
+    if opt.captured:
+        import captured_inputs
+        kinds += list(captured_inputs.MODELS)
+    for kind in kinds:
+        if kind in dit_inputs.KINDS:
+            q, k, v = dit_inputs.make(opt.seqlen, opt.heads, opt.head_dim, seed=0, kind=kind)
+        else:
+            q, k, v = captured_inputs.capture(kind)
         ref = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
         for name, out in schemes(q, k, v).items():
             rel, cos, mx = metrics(out, ref)
@@ -145,13 +158,22 @@ def main():
             rows.append([kind, name, "%.3e" % rel, "%.3e" % (1 - cos), "%.3e" % mx])
     table = results_md.table(["inputs", "scheme", "rel. L2", "1 − cosine", "max abs error"], rows,
                              "llrrr")
+    software = f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; no libfmha"
+    captured = ""
+    if opt.captured:
+        import diffusers
+        import torch
+        software += f"; torch {torch.__version__}, diffusers {diffusers.__version__}"
+        captured = ("; `flux`, `wan`: the q, k, v of the first self-attention of diffusers' Flux "
+                    "([1088, 2, 128]: 64 text + 1024 image tokens) and Wan ([1024, 2, 128]) "
+                    "transformers, small configs with random weights (`bench/captured_inputs.py`)")
     results_md.write(opt, [
         ("Machine", results_md.cpu_machine()),
-        ("Software", f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; no libfmha"),
-        ("Method", "float64 attention of [%d, %d, %d] inputs from `bench/dit_inputs.py` (seed 0) with "
-                   "q, k, v and P rounded as each scheme's kernel rounds them (module docstring); "
-                   "errors against float64 attention on the unquantized inputs" %
-                   (opt.seqlen, opt.heads, opt.head_dim)),
+        ("Software", software),
+        ("Method", "float64 attention of [%d, %d, %d] inputs from `bench/dit_inputs.py` (seed 0)%s, "
+                   "with q, k, v and P rounded as each scheme's kernel rounds them (module "
+                   "docstring); errors against float64 attention on the unquantized inputs" %
+                   (opt.seqlen, opt.heads, opt.head_dim, captured)),
         ("Peers", "float64 attention on the unquantized inputs; bf16 inputs for scale")], table)
 
 

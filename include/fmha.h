@@ -342,7 +342,8 @@ typedef struct fmha_attn_mask {
  * head dims are at most 256, and the call returns once the kernel is queued on
  * `stream`. A packed batch
  * copies cu_seqlens to the host first, so that they can be validated: one
- * small synchronous copy per call, unless the call gives both max_seqlen_q
+ * small copy per call on `stream`, after the work queued there (which may
+ * write them), waited for, unless the call gives both max_seqlen_q
  * and max_seqlen_k (f16/bf16 inputs, fp8_compute off). Then the host reads
  * no offset and the call can be captured in a CUDA graph: the bounds stand
  * for the longest sequences, and the device checks the offsets against the

@@ -110,6 +110,13 @@ typedef struct fmha_backend {
     /* Memory the kernels read (a layer's FP8 scratch), and its release. */
     fmha_status (*alloc)(void **ptr, size_t bytes);
     void (*free)(void *ptr);
+    /* Scratch of one call whose work is queued on `stream` (sequence
+     * parallelism's buffers): on CUDA stream-ordered from fmha's pool, so
+     * that neither taking nor releasing it waits for the device (the pool
+     * keeps the memory for the next call); on the CPU the heap. scratch_free
+     * releases it once the work queued on `stream` so far is done. */
+    fmha_status (*scratch)(void **ptr, size_t bytes, void *stream);
+    void (*scratch_free)(void *ptr, void *stream);
     /* A validated FP8 quantization, queued on `stream` where the device has one. */
     fmha_status (*quantize_fp8)(const fmha_tensor *x, const fmha_tensor *y, float *scales,
                                 const fmha_fp8_groups *g, void *stream);

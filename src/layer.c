@@ -225,7 +225,7 @@ static fmha_status decode_validated(fmha_layer *layer, const fmha_kvcache_args *
     if (args->rotary_dim > 0 && pb.batch > 0 && pb.max_sq > 0) {
         const size_t bytes =
             (size_t)(pb.batch * pb.max_sq * pb.heads * pb.d) * fmha_dtype_size(args->q.dtype);
-        if ((st = layer->be->alloc(&q_rot, bytes)) != FMHA_STATUS_OK)
+        if ((st = layer->be->scratch(&q_rot, bytes, args->stream)) != FMHA_STATUS_OK)
             return st;
         fwd.q = fmha_tensor_bshd(q_rot, args->q.dtype, pb.batch, pb.max_sq, pb.heads, pb.d);
     }
@@ -235,7 +235,7 @@ static fmha_status decode_validated(fmha_layer *layer, const fmha_kvcache_args *
         st = layer->be->forward(&call, &pb, &layer->ws);
     }
     if (q_rot)
-        layer->be->free(q_rot);
+        layer->be->scratch_free(q_rot, args->stream);
     return st;
 }
 
@@ -274,7 +274,8 @@ static fmha_status backward(fmha_layer *layer, const fmha_backward_args *args)
     if (layer->be->host_cu_seqlens && args->cu_seqlens_q) {
         fmha_forward_args lens = {.cu_seqlens_q = args->cu_seqlens_q,
                                   .cu_seqlens_k = args->cu_seqlens_k,
-                                  .varlen_batch = args->varlen_batch};
+                                  .varlen_batch = args->varlen_batch,
+                                  .stream = args->stream};
         if ((st = layer->be->host_cu_seqlens(&lens, &cq, &ck)) != FMHA_STATUS_OK)
             return st;
         if (cq) {

@@ -158,6 +158,68 @@ static void qkv_normal(tu_tensor *q, tu_tensor *k, tu_tensor *v, fmha_dtype dt, 
  * a rule (an entry past the tensor, a decrease, a sequence above its bound,
  * cu[0] != 0) still return OK, with every element of out and lse NaN. Outputs
  * are poisoned with a finite pattern, so that NaN has to be written. */
+/* Packed offsets written by work queued on the caller's stream, a
+ * non-blocking one, behind a long queue: the host copy that validation reads
+ * (no max_seqlen bounds) must come after that work. A copy on the legacy
+ * default stream would read the stale offsets, which are past the tensor:
+ * the call would be refused. */
+static void test_offsets_written_on_callers_stream(void)
+{
+    const int64_t H = 2, D = 64, T = 90;
+    static const int32_t ok[4] = {0, 40, 41, 90}, stale[4] = {0, 1000, 1000, 1000};
+    tu_rng rng = {977};
+    tu_tensor q, k, v, want, got;
+    qkv_normal(&q, &k, &v, FMHA_DTYPE_F16, 1, T, H, H, D, &rng);
+    tu_tensor_init(&want, FMHA_DTYPE_F16, 1, T, H, D, 0, 0x3F);
+    tu_tensor_init(&got, FMHA_DTYPE_F16, 1, T, H, D, 0, 0x3F);
+    fmha_config cfg;
+    fmha_config_init(&cfg, H, H, D);
+    cfg.dtype = FMHA_DTYPE_F16;
+    cfg.causal = 1;
+    cfg.device = FMHA_DEVICE_CUDA;
+    fmha_forward_args a = {.q = q.t,
+                           .k = k.t,
+                           .v = v.t,
+                           .out = want.t,
+                           .cu_seqlens_q = ok,
+                           .cu_seqlens_k = ok,
+                           .varlen_batch = 3};
+    TU_CHECK(run_cuda(&cfg, &a) == FMHA_STATUS_OK, "reference packed call: %s", fmha_last_error());
+    cudaStream_t s;
+    TU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+    a.out = got.t;
+    a.stream = s;
+    dev_args d;
+    char err[256];
+    if (dev_args_upload(&d, &a, FMHA_DEVICE_CUDA, err, sizeof err)) {
+        TU_CHECK(0, "%s", err);
+        return;
+    }
+    void *big = NULL;
+    const size_t big_bytes = (size_t)1 << 30;
+    TU_CHECK(cudaMalloc(&big, big_bytes) == cudaSuccess, "1 GiB of device memory");
+    int32_t *cu = (int32_t *)d.a.cu_seqlens_q;
+    cudaMemcpy(cu, stale, sizeof stale, cudaMemcpyHostToDevice);
+    cudaMemcpy((int32_t *)d.a.cu_seqlens_k, ok, sizeof ok, cudaMemcpyHostToDevice);
+    for (int i = 0; i < 20; i++) /* some milliseconds of work ahead of the offsets */
+        cudaMemsetAsync(big, i, big_bytes, s);
+    cudaMemcpyAsync(cu, ok, sizeof ok, cudaMemcpyHostToDevice, s);
+    const fmha_status st = fmha_forward(&cfg, &d.a);
+    TU_CHECK(cudaStreamSynchronize(s) == cudaSuccess, "stream");
+    TU_CHECK(st == FMHA_STATUS_OK, "offsets written on the caller's non-blocking stream: %s",
+             fmha_last_error());
+    if (dev_args_download(&d, &a, err, sizeof err))
+        TU_CHECK(0, "%s", err);
+    TU_CHECK(tu_rel_l2(&got, &want) == 0.0,
+             "the stream-ordered call differs from the reference (rel. L2 %.3g)",
+             tu_rel_l2(&got, &want));
+    cudaFree(big);
+    dev_args_free(&d);
+    cudaStreamDestroy(s);
+    tu_tensor_free(&q), tu_tensor_free(&k), tu_tensor_free(&v), tu_tensor_free(&want);
+    tu_tensor_free(&got);
+}
+
 static void test_device_checked_offsets(void)
 {
     const int64_t H = 4, KV = 2, D = 64, T = 96;
@@ -833,6 +895,7 @@ int main(int argc, char **argv)
     test_dropout_mask_matches_cpu(FMHA_DTYPE_F16, 1);
     test_host_pointer_refused();
     test_device_checked_offsets();
+    test_offsets_written_on_callers_stream();
     test_cuda_empty_and_faults(&rng);
     cudaStreamDestroy(stream);
     return tu_summary();

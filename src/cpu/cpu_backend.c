@@ -64,6 +64,21 @@ static fmha_status cpu_alloc(void **ptr, size_t bytes)
     return FMHA_STATUS_OK;
 }
 
+static fmha_status cpu_scratch(void **ptr, size_t bytes, void *stream)
+{
+    (void)stream;
+    if (!(*ptr = fmha_malloc(bytes)))
+        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
+                              "out of memory reserving %zu bytes of scratch", bytes);
+    return FMHA_STATUS_OK;
+}
+
+static void cpu_scratch_free(void *ptr, void *stream)
+{
+    (void)stream;
+    fmha_free(ptr);
+}
+
 static size_t cpu_smooth_k_scratch(const fmha_tensor *k)
 {
     return (size_t)k->head_dim * sizeof(double);
@@ -154,6 +169,8 @@ const fmha_backend fmha_cpu_backend = {
     .count_non_finite = cpu_count_non_finite,
     .alloc = cpu_alloc,
     .free = fmha_free,
+    .scratch = cpu_scratch,
+    .scratch_free = cpu_scratch_free,
     .quantize_fp8 = fmha_fp8_quantize_cpu,
     .smooth_k_scratch = cpu_smooth_k_scratch,
     .smooth_k = cpu_smooth_k,

@@ -92,9 +92,15 @@ extern "C" fmha_status fmha_cuda_fetch_cu_seqlens(const fmha_forward_args *a, in
         *q = *k = NULL;
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY, "out of memory copying cu_seqlens");
     }
-    cudaError_t err = cudaMemcpy(*q, a->cu_seqlens_q, bytes, cudaMemcpyDeviceToHost);
+    /* On the call's stream, after the work queued there (which may be what
+     * wrote the offsets): a plain cudaMemcpy would order after the legacy
+     * default stream instead, and not after a non-blocking stream's work. */
+    const cudaStream_t s = (cudaStream_t)a->stream;
+    cudaError_t err = cudaMemcpyAsync(*q, a->cu_seqlens_q, bytes, cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess)
-        err = cudaMemcpy(*k, a->cu_seqlens_k, bytes, cudaMemcpyDeviceToHost);
+        err = cudaMemcpyAsync(*k, a->cu_seqlens_k, bytes, cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) {
         fmha_free(*q);
         fmha_free(*k);
@@ -244,6 +250,24 @@ static fmha_status cuda_plan_variant(fmha_plan *plan)
     return portable_variant(plan);
 }
 
+static fmha_status cuda_scratch(void **ptr, size_t bytes, void *stream)
+{
+    *ptr = nullptr;
+    const cudaError_t err = scratch_alloc(ptr, bytes, (cudaStream_t)stream);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        *ptr = nullptr;
+        return cuda_error(err, "reserving device scratch");
+    }
+    return FMHA_STATUS_OK;
+}
+
+static void cuda_scratch_free(void *ptr, void *stream)
+{
+    if (ptr)
+        cudaFreeAsync(ptr, (cudaStream_t)stream);
+}
+
 static fmha_status cuda_unsmooth(const fmha_problem *pb, const fmha_tensor *q, float *lse,
                                  const float *mean, void *stream)
 {
@@ -263,6 +287,8 @@ extern "C" const fmha_backend fmha_cuda_backend = {
     fmha_cuda_count_non_finite,
     device_alloc,
     device_free,
+    cuda_scratch,
+    cuda_scratch_free,
     fmha_cuda_quantize_fp8,
     fmha_cuda_smooth_k_scratch,
     fmha_cuda_smooth_k,

@@ -39,7 +39,7 @@ static fmha_status take(sp_run *r, void **p, size_t bytes)
 {
     if (r->nbufs == MAX_BUFS)
         return fmha_set_error(FMHA_STATUS_BACKEND_ERROR, "sequence parallelism: too many buffers");
-    fmha_status st = r->be->alloc(p, bytes ? bytes : 1);
+    fmha_status st = r->be->scratch(p, bytes ? bytes : 1, r->stream);
     if (st == FMHA_STATUS_OK)
         r->bufs[r->nbufs++] = *p;
     return st;
@@ -695,7 +695,7 @@ fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp, fm
         r.comm->ops->wait(r.comm, r.pending);
     fmha_layer_free(r.layer);
     for (int i = 0; i < r.nbufs; i++)
-        r.be->free(r.bufs[i]);
+        r.be->scratch_free(r.bufs[i], r.stream);
     fmha_free(r.run_mem);
     fmha_free(r.member_at);
     return st;

@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cuda import Args, Config, Tensor, flops, load_lib, view  # noqa: E402  (the one ctypes mirror)
+from bench_cuda import Args, AttnMask, Config, Tensor, flops, load_lib, view  # noqa: E402  (the one ctypes mirror)
 
 # (name, batch, seqlen, heads, kv heads, head dim, causal)
 SHAPES = [
@@ -43,7 +43,8 @@ class BwdArgs(C.Structure):
                 ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p),
                 ("varlen_batch", C.c_int64), ("max_seqlen_q", C.c_int64),
                 ("max_seqlen_k", C.c_int64), ("seed", C.c_uint64), ("offset", C.c_uint64),
-                ("stream", C.c_void_p)]
+                ("stream", C.c_void_p), ("mask", AttnMask), ("alibi_slopes", C.c_void_p),
+                ("alibi_stride_batch", C.c_int64), ("sinks", C.c_void_p), ("dsinks", C.c_void_p)]
 
 
 def rel_l2(a, b):

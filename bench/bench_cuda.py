@@ -107,14 +107,20 @@ class Config(C.Structure):
                 ("fp8_smooth_k", C.c_int), ("check_finite", C.c_int), ("deterministic", C.c_int)]
 
 
-class Args(C.Structure):
+class AttnMask(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("type", C.c_int), ("stride_batch", C.c_int64),
+                ("stride_head", C.c_int64), ("stride_q", C.c_int64), ("stride_k", C.c_int64)]
+
+
+class Args(C.Structure):  # the whole of fmha_forward_args: the library reads every field
     _fields_ = [("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor),
                 ("lse", C.c_void_p), ("cu_seqlens_q", C.c_void_p), ("cu_seqlens_k", C.c_void_p),
                 ("varlen_batch", C.c_int64), ("max_seqlen_q", C.c_int64),
                 ("max_seqlen_k", C.c_int64), ("seed", C.c_uint64), ("offset", C.c_uint64),
                 ("stream", C.c_void_p), ("descale_q", C.c_void_p), ("descale_k", C.c_void_p),
                 ("descale_v", C.c_void_p), ("descale_layout", C.c_int),
-                ("descale_block_rows", C.c_int64)]
+                ("descale_block_rows", C.c_int64), ("mask", AttnMask), ("alibi_slopes", C.c_void_p),
+                ("alibi_stride_batch", C.c_int64), ("sinks", C.c_void_p)]
 
 
 def view(x):

@@ -118,6 +118,30 @@ class SectionWriting(unittest.TestCase):
             self.assertFalse(results_md.git_commit(exclude=[os.path.join(top, changed[0])]).endswith("-dirty"))
 
 
+class CtypesMirrors(unittest.TestCase):
+    """The benches' ctypes structs (bench_cuda.py, bench_backward.py) lay out fmha.h's structs as
+    the package's (python/fmha/_lib.py, whose tests check it against the library) do: libfmha
+    reads every field, so a missing tail field reads whatever follows the struct."""
+
+    def test_layouts(self):
+        import ctypes
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "fmha_lib_structs",
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "fmha", "_lib.py"))
+        src = open(spec.origin).read()
+        head = src[:src.index("\ndef ")]  # the struct definitions, before anything loads the library
+        ns = {}
+        exec(compile(head, spec.origin, "exec"), ns)
+        pairs = [(bench_cuda.Tensor, ns["Tensor"]), (bench_cuda.Config, ns["Config"]),
+                 (bench_cuda.AttnMask, ns["AttnMask"]), (bench_cuda.Args, ns["ForwardArgs"])]
+        for mine, theirs in pairs:
+            self.assertEqual([f[0] for f in mine._fields_], [f[0] for f in theirs._fields_], mine.__name__)
+            self.assertEqual(ctypes.sizeof(mine), ctypes.sizeof(theirs), mine.__name__)
+            for name, _ in mine._fields_:
+                self.assertEqual(getattr(mine, name).offset, getattr(theirs, name).offset, name)
+
+
 class BenchTables(unittest.TestCase):
     def test_cuda(self):
         row = ("flux_1024", 628.7, 259.7, 325.6, 587.6, 3.1e-3, 1740, 1725, 688, 689, 23, 100, 1.144, 1.236)

@@ -3,7 +3,8 @@ FlashAttention-2, cuDNN) in the same process on the same inputs, for the model
 shapes of shared/models.md and the FlashAttention-3 grid. fmha is called
 through ctypes on build/libfmha.so; torch tensors are [B, H, S, D] contiguous
 and fmha reads the same memory as BHSD views. Prints a table of TFLOP/s,
-the ratio to each peer, fmha's relative L2 error against torch flash, and the
+the ratio to each peer, fmha's relative L2 error against torch flash (its
+memory-efficient backend above head dim 256, timed there too), and the
 median SM clock and board power while fmha and cuDNN were timed (NVML,
 gpu_clock.py; nan where the driver's NVML is missing), and the CPU time of one
 fmha and one cuDNN call on an idle GPU (host µs: the part of a call that
@@ -81,6 +82,10 @@ SHAPES = [
     ("fa3grid_d128", 1, 16384, 16384, 16, 16, 128, False),
     ("fa3grid_d128_causal", 1, 16384, 16384, 16, 16, 128, True),
     ("fa3grid_d256", 1, 16384, 16384, 8, 8, 256, False),
+    # Head dims above 256 (the portable kernel's 512 variant); FlashAttention-2 and cuDNN
+    # refuse them, so torch's memory-efficient backend is timed beside (--shapes names them).
+    ("hd512", 1, 8192, 8192, 8, 8, 512, False),
+    ("hd512_causal", 1, 8192, 8192, 8, 8, 512, True),
 ]
 QUICK = {"flux_1024", "lumina2_gqa_d96", "llama_gqa_causal", "fa3grid_d128", "fa3grid_d256"}
 PRECONDITION_S = 1.0  # seconds each backend runs (hot) or idles (cool) before its timing
@@ -221,8 +226,12 @@ def markdown(rows, ab_rows):
     cells = [[name, f"{a:.1f}", f"{pt:.1f}", f"{fl2:.1f}", f"{cu:.1f}", f"{a / fl2:.2f}", f"{a / cu:.2f}",
               f"{err:.1e}", f"{mf:.0f} / {mc:.0f}", f"{wf:.0f} / {wc:.0f}", f"{hf:.0f} / {hc:.0f}",
               f"{ef:.3f} / {ec:.3f}"]
-             for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc, ef, ec in rows]
-    text = results_md.table(header, cells, "l" + "r" * 11)
+             for name, a, pt, fl2, cu, err, mf, mc, wf, wc, hf, hc, ef, ec, _ in rows]
+    if any(not math.isnan(row[-1]) for row in rows):  # head dims above 256: the peer that runs them
+        header += ["torch mem-efficient", "fmha / mem-efficient"]
+        for cell, row in zip(cells, rows):
+            cell += [f"{row[-1]:.1f}", f"{row[1] / row[-1]:.2f}"]
+    text = results_md.table(header, cells, "l" + "r" * (len(header) - 1))
     if ab_rows:
         text += "\n\n" + results_md.table(
             ["shape", "fmha with", "TFLOP/s", "/ cuDNN", "fmha / it", "SM MHz"],
@@ -317,7 +326,8 @@ def main():
 
         run_fmha()
         torch.cuda.synchronize()
-        ref = sdpa(SDPBackend.FLASH_ATTENTION)()
+        ref_backend = SDPBackend.FLASH_ATTENTION if d <= 256 else SDPBackend.EFFICIENT_ATTENTION
+        ref = sdpa(ref_backend)()
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         fl = flops(b, sq, sk, h, d, causal)
         times, clocks = {}, {}
@@ -328,6 +338,8 @@ def main():
         if not opt.no_peers:
             impls += [("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                       ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION))]
+            if d > 256:  # the others refuse these
+                impls.append(("efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)))
         for _ in range(max(1, opt.repeats)):
             for label, fn in impls:
                 if label in times and math.isnan(times[label][0]):
@@ -351,16 +363,18 @@ def main():
             the_lib.fmha_layer_free(layer)
         t.setdefault("flash", math.nan)
         t.setdefault("cudnn", math.nan)
+        t.setdefault("efficient", math.nan)
         tf = {kk: fl / (ms * 1e-3) / 1e12 for kk, ms in t.items()}
         nan2 = (math.nan, math.nan)
         (mf, wf), (mc, wc) = clk.get("fmha", nan2), clk.get("cudnn", nan2)
         hf, hc = host.get("fmha", math.nan), host.get("cudnn", math.nan)
         ef, ec = pj.get("fmha", math.nan), pj.get("cudnn", math.nan)
         rows.append((name, tf["fmha"], tf["portable"], tf["flash"], tf["cudnn"], err, mf, mc, wf, wc, hf, hc,
-                     ef, ec))
+                     ef, ec, tf["efficient"]))
         print(f"{name:22s} fmha {tf['fmha']:6.1f}  portable {tf['portable']:6.1f}"
               f"  flash {tf['flash']:6.1f}  cudnn {tf['cudnn']:6.1f}"
               f"  x{tf['fmha'] / tf['flash']:.2f} flash  x{tf['fmha'] / tf['cudnn']:.2f} cudnn"
+              f"  efficient {tf['efficient']:6.1f}"
               f"  relL2 {err:.1e}  MHz {mf:.0f}/{mc:.0f}  W {wf:.0f}/{wc:.0f}"
               f"  host us {hf:.0f}/{hc:.0f}  pJ/FLOP {ef:.3f}/{ec:.3f}", flush=True)
         for label in [f"{ab_var}={val}" for val in ab_vals] + ([ab_label] if other else []):

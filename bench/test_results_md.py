@@ -144,11 +144,21 @@ class CtypesMirrors(unittest.TestCase):
 
 class BenchTables(unittest.TestCase):
     def test_cuda(self):
-        row = ("flux_1024", 628.7, 259.7, 325.6, 587.6, 3.1e-3, 1740, 1725, 688, 689, 23, 100, 1.144, 1.236)
+        row = ("flux_1024", 628.7, 259.7, 325.6, 587.6, 3.1e-3, 1740, 1725, 688, 689, 23, 100, 1.144, 1.236,
+               math.nan)
         text = bench_cuda.markdown([row], [("flux_1024", "FMHA_CUDA_CLUSTER=0", 620.0, 587.6, 640.0, 1740)])
         self.assertIn("| flux_1024 | 628.7 | 259.7 | 325.6 | 587.6 | 1.93 | 1.07 | 3.1e-03 | 1740 / 1725 "
-                      "| 688 / 689 | 23 / 100 | 1.144 / 1.236 |", text)
+                      "| 688 / 689 | 23 / 100 | 1.144 / 1.236 |\n", text)
         self.assertIn("| flux_1024 | `FMHA_CUDA_CLUSTER=0` | 620.0 | 1.06 | 1.032 | 1740 |", text)
+        self.assertNotIn("mem-efficient", text)
+        # head dims above 256: the memory-efficient peer's columns, on every row
+        big = ("hd512", 300.0, 300.0, math.nan, math.nan, 2e-3, 1700, math.nan, 600, math.nan, 20, math.nan,
+               1.5, math.nan, 200.0)
+        text = bench_cuda.markdown([row, big], [])
+        self.assertIn("| torch mem-efficient | fmha / mem-efficient |", text)
+        self.assertIn("| 1.144 / 1.236 | nan | nan |", text)
+        self.assertIn("| hd512 | 300.0 | 300.0 | nan | nan | nan | nan | 2.0e-03 |", text)
+        self.assertIn("| 200.0 | 1.50 |", text)
 
     def test_fp8(self):
         tf = {"auto": 816.6, "two_level": 734.6, "single": 811.8, "bf16": 625.8, "cudnn": 591.6,

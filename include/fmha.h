@@ -339,7 +339,9 @@ typedef struct fmha_attn_mask {
  *
  * On a CUDA layer every pointer (tensors, lse, cu_seqlens, descales) is device
  * memory (host memory is refused), q/k/v are f16 or bf16 (or f8_e4m3, above),
- * head dims are at most 256, and the call returns once the kernel is queued on
+ * head dims are at most 256 (the f16/bf16 forward: 512, those above 256 on
+ * the portable kernel; the backward, decode and FP8 stop at 256), and the
+ * call returns once the kernel is queued on
  * `stream`. A packed batch
  * copies cu_seqlens to the host first, so that they can be validated: one
  * small copy per call on `stream`, after the work queued there (which may

@@ -852,6 +852,24 @@ int main(int argc, char **argv)
     }
     unsetenv("FMHA_CUDA_SCHEDULE");
     unsetenv("FMHA_CUDA_CLUSTER");
+    /* Head dims above 256 (the portable kernel's 512 variant: O's columns in
+     * halves, S computed by both blocks of a query tile): random cases of the
+     * list with head_dim / head_dim_v drawn from 257..512 (and one side small),
+     * every mask, dropout, softcap, score modifiers, packed, odd strides. */
+    printf("head dims above 256\n");
+    {
+        static const int64_t big[][2] = {{512, 512}, {320, 320}, {264, 264}, {384, 512},
+                                         {128, 512}, {512, 64},  {512, 300}, {300, 257},
+                                         {272, 136}, {512, 512}};
+        tcase_space s16 = {FMHA_DEVICE_CUDA, NULL, 0, 0};
+        const int n = ncases / 5 > 10 ? ncases / 5 : 10;
+        for (int i = 0; i < n; i++) {
+            tcase c = tcase_random(&rng, i, &s16);
+            c.d = big[i % 10][0];
+            c.dv = big[i % 10][1];
+            tcase_run(&c, &rng, run_cuda);
+        }
+    }
     /* FP8 over long key ranges, with and without two-level accumulation. */
     printf("FP8 over long key ranges, refusals, dropout masks\n");
     for (int i = 0; fp8 && i < 4 && !(lenv && !strcmp(lenv, "0")); i++) {

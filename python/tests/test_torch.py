@@ -192,7 +192,8 @@ def torch_reference(q, k, v, causal=False, window=(-1, -1), scale=None, softcap=
 @pytest.mark.parametrize("case", [
     dict(), dict(causal=True), dict(causal=True, sq=77, sk=200), dict(window=(32, 16)),
     dict(softcap=30.0, causal=True), dict(scale=0.05, h=8, hkv=2), dict(h=6, hkv=1, d=64),
-    dict(d=256, sq=65, sk=65), dict(d=96, causal=True)])
+    dict(d=256, sq=65, sk=65), dict(d=96, causal=True), dict(d=512, causal=True, sq=77, sk=150),
+    dict(d=384, h=8, hkv=2, window=(40, 8))])
 def test_cuda_against_sdpa(dtype, layout, case):
     B, sq, sk = 2, case.get("sq", 130), case.get("sk", 130)
     h, hkv, d = case.get("h", 4), case.get("hkv", 4), case.get("d", 128)

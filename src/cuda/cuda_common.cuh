@@ -14,8 +14,10 @@
 #include <string.h>
 
 /* The head dims with a compiled kernel; any other head dim up to 256 runs
- * zero-padded in the next one up. */
-#define FMHA_CUDA_HEAD_DIMS(X) X(64) X(96) X(128) X(192) X(256)
+ * zero-padded in the next one up. The portable forward has 512 too (up to
+ * 512 runs there). */
+#define FMHA_CUDA_HEAD_DIMS(X)          X(64) X(96) X(128) X(192) X(256)
+#define FMHA_CUDA_PORTABLE_HEAD_DIMS(X) FMHA_CUDA_HEAD_DIMS(X) X(512)
 /* The FP8 kernel's: its rows are 128-byte chunks of 128 columns. */
 #define FMHA_CUDA_FP8_HEAD_DIMS(X) X(64) X(128) X(256)
 
@@ -301,26 +303,28 @@ __device__ __forceinline__ void mask_frag(const flash_params &p, int r, int rows
 }
 
 /* This thread's part of an output row in both kernels' accumulator layout:
- * f(c, j, e) for column c = 8 j + 2 (lane % 4) + e (e = 0, 1), j < D / 8;
- * columns from dv on are padding and skipped. */
+ * f(c, j, e) for column c = c0 + 8 j + 2 (lane % 4) + e (e = 0, 1), j < D / 8
+ * (c0: the first column a block owns, where blocks split the row); columns
+ * from dv on are padding and skipped. */
 template <int D, class F>
-__device__ __forceinline__ void for_out_frag(const flash_params &p, int lane, F f)
+__device__ __forceinline__ void for_out_frag(const flash_params &p, int lane, int c0, F f)
 {
 #pragma unroll
     for (int j = 0; j < D / 8; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const int c = j * 8 + (lane % 4) * 2 + e;
+            const int c = c0 + j * 8 + (lane % 4) * 2 + e;
             if (c < p.dv)
                 f(c, j, e);
         }
 }
 
-/* The row's elements in out's dtype; x(j, e) is column 8 j + 2 (lane % 4) + e. */
+/* The row's elements in out's dtype; x(j, e) is column c0 + 8 j + 2 (lane % 4) + e. */
 template <int D, class X>
-__device__ __forceinline__ void store_out_frag(const flash_params &p, char *orow, int lane, X x)
+__device__ __forceinline__ void store_out_frag(const flash_params &p, char *orow, int lane, int c0,
+                                               X x)
 {
-    for_out_frag<D>(p, lane, [&](int c, int j, int e) { store_out(p, orow, c, x(j, e)); });
+    for_out_frag<D>(p, lane, c0, [&](int c, int j, int e) { store_out(p, orow, c, x(j, e)); });
 }
 
 /* LSE of row r from its running max (log2 domain) and sum; -inf for a row

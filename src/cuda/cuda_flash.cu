@@ -19,12 +19,16 @@ using namespace fmha_cuda;
 
 /* Tile shape per head dim; each warp owns MT m16 tiles of queries, so every
  * K/V fragment read from shared memory feeds MT mma's. Shared memory is
- * (BM + 4 BN) x (D + 8) x 2 bytes.
+ * (BM + 2 BN) x (D + 8) x 2 bytes for Q and K, 2 BN x (DV + 8) x 2 for V.
  *   D <= 128: 4 warps x 2 m-tiles, BN 64: 104 KiB at D = 128, two blocks per
  *             SM. On the H200 (2026-12-02, bench/NOTES.md) this ran 1.2-1.3x
  *             the one-m-tile version and 1.2x BN 32, despite ~200 bytes of
  *             spills at D = 128.
- *   D >= 192: 8 warps x 1 m-tile (O alone is D/2 registers per thread). */
+ *   D 192, 256: 8 warps x 1 m-tile (O alone is D/2 registers per thread).
+ *   D 512: 4 warps x 1 m-tile, BN 32, and O's columns in halves: a block
+ *             computes S over all 512 dims but P V for DV = 256 columns of
+ *             V (O at 512 would be 256 registers per thread), so two blocks
+ *             share each query tile (S computed twice) at 163 KiB. */
 #ifndef FMHA_CUDA_MT /* tuning knobs for D <= 128 (gpu_run.sh variants) */
 #define FMHA_CUDA_MT 2
 #endif
@@ -37,13 +41,15 @@ using namespace fmha_cuda;
 constexpr int QK_UNROLL = FMHA_CUDA_QK_UNROLL;
 template <int D> struct tile {
     static constexpr int MT = D <= 128 ? FMHA_CUDA_MT : 1;
-    static constexpr int WARPS = D <= 128 ? 4 : 8;
+    static constexpr int WARPS = D <= 128 || D > 256 ? 4 : 8;
     static constexpr int BM = 16 * MT * WARPS;
-    static constexpr int BN = D <= 128 ? FMHA_CUDA_BN : 64;
+    static constexpr int BN = D <= 128 ? FMHA_CUDA_BN : D <= 256 ? 64 : 32;
+    static constexpr int DV = D <= 256 ? D : 256; /* V and O columns per block */
     static constexpr int THREADS = WARPS * 32;
     static constexpr int DS =
         D + 8; /* row stride: +16 bytes keeps ldmatrix free of bank conflicts */
-    static constexpr size_t SMEM = (size_t)(BM + 4 * BN) * DS * 2;
+    static constexpr int DSV = DV + 8;
+    static constexpr size_t SMEM = ((size_t)(BM + 2 * BN) * DS + (size_t)2 * BN * DSV) * 2;
 };
 
 /* DROPOUT is a template argument because the Philox rounds' registers would
@@ -51,18 +57,24 @@ template <int D> struct tile {
  * spills per thread. MODS (the score modifiers: mask, ALiBi, sinks) too. */
 template <int D, bool BF16, bool DROPOUT, bool MODS>
 __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
-    flash_fwd(const flash_params p)
+    flash_fwd(const flash_params p, const int vsplit)
 {
     typedef typename elem<BF16>::T T;
     constexpr int BM = tile<D>::BM, BN = tile<D>::BN, THREADS = tile<D>::THREADS, MT = tile<D>::MT;
-    constexpr int DS = tile<D>::DS;
+    constexpr int DS = tile<D>::DS, DV = tile<D>::DV, DSV = tile<D>::DSV;
     extern __shared__ __align__(16) unsigned char smem[];
     T *sQ = (T *)smem;        /* [BM][DS] */
     T *sK = sQ + BM * DS;     /* [2][BN][DS] */
-    T *sV = sK + 2 * BN * DS; /* [2][BN][DS] */
+    T *sV = sK + 2 * BN * DS; /* [2][BN][DSV] */
 
+    /* Blocks x = vsplit * tile + part: part owns V and O columns [vc0, vc0 + DV)
+     * (vsplit is 1 where DV = D: those variants compile as if it were not there). */
+    constexpr bool SPLIT = DV < D;
+    const int parts = SPLIT ? vsplit : 1;
+    const int vc0 = SPLIT ? (int)(blockIdx.x % parts) * DV : 0;
     block_span bs;
-    if (!block_span_init(bs, p, BM, BN))
+    if (!block_span_at(bs, p, BM, BN, (int64_t)(gridDim.x / parts - 1 - blockIdx.x / parts),
+                       blockIdx.y, blockIdx.z))
         return;
     const int64_t m0 = bs.m0, q0 = bs.q0, sq = bs.sq, k0 = bs.k0, sk = bs.sk, tb = bs.tb;
     const int h = bs.h, b = bs.b, hk = bs.hk, rows = bs.rows;
@@ -70,7 +82,8 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
     const int ntiles = bs.ntiles;
     const T *gq = (const T *)p.q + tb * p.q_sb + (q0 + m0) * p.q_ss + h * p.q_sh;
     const T *gk = (const T *)p.k + tb * p.k_sb + k0 * p.k_ss + hk * p.k_sh;
-    const T *gv = (const T *)p.v + tb * p.v_sb + k0 * p.v_ss + hk * p.v_sh;
+    const T *gv = (const T *)p.v + tb * p.v_sb + k0 * p.v_ss + hk * p.v_sh + vc0;
+    const int dv = p.dv - vc0; /* this block's columns of V, up to DV */
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     /* Fragment rows of this thread: m-tile mt, half rh -> block row
@@ -80,15 +93,15 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
     if (ntiles > 0) {
         const int n = (int)min64(BN, kv_end - kv_begin);
         load_tile<D, BN, THREADS>(sK, gk + kv_begin * p.k_ss, p.k_ss, n, p.d, p.aligned);
-        load_tile<D, BN, THREADS>(sV, gv + kv_begin * p.v_ss, p.v_ss, n, p.dv, p.aligned);
+        load_tile<DV, BN, THREADS>(sV, gv + kv_begin * p.v_ss, p.v_ss, n, dv, p.aligned);
     }
     cp_async_commit();
 
-    float o[MT][D / 8][4];
+    float o[MT][DV / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < D / 8; i++)
+        for (int i = 0; i < DV / 8; i++)
             o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
     float m_row[MT][2], l_row[MT][2];
 #pragma unroll
@@ -103,13 +116,13 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
             const int n = (int)min64(BN, kv_end - n1);
             load_tile<D, BN, THREADS>(sK + ((t + 1) & 1) * BN * DS, gk + n1 * p.k_ss, p.k_ss, n,
                                       p.d, p.aligned);
-            load_tile<D, BN, THREADS>(sV + ((t + 1) & 1) * BN * DS, gv + n1 * p.v_ss, p.v_ss, n,
-                                      p.dv, p.aligned);
+            load_tile<DV, BN, THREADS>(sV + ((t + 1) & 1) * BN * DSV, gv + n1 * p.v_ss, p.v_ss, n,
+                                       dv, p.aligned);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const T *cK = sK + (t & 1) * BN * DS, *cV = sV + (t & 1) * BN * DS;
+        const T *cK = sK + (t & 1) * BN * DS, *cV = sV + (t & 1) * BN * DSV;
 
         /* S = Q K^T for the warp's MT x 16 rows x BN keys. */
         float s[MT][BN / 8][4];
@@ -204,7 +217,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
                 l_row[mt][rh] = l_row[mt][rh] * alpha + sum; /* the quad adds up at the end */
                 m_row[mt][rh] = mx;
 #pragma unroll
-                for (int i = 0; i < D / 8; i++) {
+                for (int i = 0; i < DV / 8; i++) {
                     o[mt][i][2 * rh] *= alpha;
                     o[mt][i][2 * rh + 1] *= alpha;
                 }
@@ -246,10 +259,10 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
 #pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
+            for (int dp = 0; dp < DV / 16; dp++) {
                 uint32_t bv[4];
                 ldmatrix_x4_trans(bv,
-                                  smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DS +
+                                  smem_u32(cV + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * DSV +
                                            dp * 16 + (lane / 16) * 8));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
@@ -276,9 +289,9 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
             if (MODS)
                 add_sink(p.sinks, h, m, l, f);
             const float inv = l > 0.0f ? f / l : 0.0f;
-            store_out_frag<D>(p, block_out_row(p, bs, r), lane,
-                              [&](int j, int e) { return o[mt][j][2 * rh + e] * inv; });
-            if (p.lse && lane % 4 == 0)
+            store_out_frag<DV>(p, block_out_row(p, bs, r), lane, vc0,
+                               [&](int j, int e) { return o[mt][j][2 * rh + e] * inv; });
+            if (p.lse && lane % 4 == 0 && vc0 == 0)
                 store_lse(p, bs, r, m, l);
         }
 }
@@ -291,9 +304,10 @@ cudaError_t launch_variant(const flash_params &p, int64_t max_sq, int batch, cud
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess)
         return err;
-    dim3 grid((unsigned)((max_sq + tile<D>::BM - 1) / tile<D>::BM), (unsigned)p.heads,
+    const int vsplit = (p.dv + tile<D>::DV - 1) / tile<D>::DV;
+    dim3 grid((unsigned)((max_sq + tile<D>::BM - 1) / tile<D>::BM * vsplit), (unsigned)p.heads,
               (unsigned)batch);
-    flash_fwd<D, BF16, DROPOUT, MODS><<<grid, tile<D>::THREADS, smem, stream>>>(p);
+    flash_fwd<D, BF16, DROPOUT, MODS><<<grid, tile<D>::THREADS, smem, stream>>>(p, vsplit);
     return cudaGetLastError();
 }
 
@@ -323,10 +337,10 @@ fmha_status portable_variant(fmha_plan *plan)
         plan->tile_n = tile<D>::BN; \
         return FMHA_STATUS_OK;      \
     }
-    FMHA_CUDA_HEAD_DIMS(FMHA_VARIANT)
+    FMHA_CUDA_PORTABLE_HEAD_DIMS(FMHA_VARIANT)
 #undef FMHA_VARIANT
     return fmha_set_error(FMHA_STATUS_UNSUPPORTED,
-                          "head dim %lld is above 256, the largest CUDA kernel", (long long)dmax);
+                          "head dim %lld is above 512, the largest CUDA kernel", (long long)dmax);
 }
 
 fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, const flash_params &p,
@@ -339,7 +353,7 @@ fmha_status portable_forward(const fmha_plan *plan, const fmha_problem *pb, cons
     if (plan->head_dim_variant == D)                               \
         err = bf16 ? launch<D, true>(p, pb->max_sq, batch, stream) \
                    : launch<D, false>(p, pb->max_sq, batch, stream);
-    FMHA_CUDA_HEAD_DIMS(FMHA_LAUNCH)
+    FMHA_CUDA_PORTABLE_HEAD_DIMS(FMHA_LAUNCH)
 #undef FMHA_LAUNCH
     return err == cudaSuccess ? FMHA_STATUS_OK : cuda_error(err, "the attention kernel launch");
 }

@@ -426,9 +426,9 @@ __global__ void __launch_bounds__(384, 1) hopper_fwd(const __grid_constant__ hop
                     for (int rh = 0; rh < 2; rh++) {
                         const int r = row0 + 8 * rh;
                         if (r < rows)
-                            store_out_frag<D>(p, block_out_row(p, bs, r), lane, [&](int j, int e) {
-                                return o[4 * j + 2 * rh + e] * inv[rh];
-                            });
+                            store_out_frag<D>(
+                                p, block_out_row(p, bs, r), lane, 0,
+                                [&](int j, int e) { return o[4 * j + 2 * rh + e] * inv[rh]; });
                     }
                 }
             }

@@ -111,10 +111,11 @@ typedef struct fmha_backend {
     fmha_status (*alloc)(void **ptr, size_t bytes);
     void (*free)(void *ptr);
     /* Scratch of one call whose work is queued on `stream` (sequence
-     * parallelism's buffers): on CUDA stream-ordered from fmha's pool, so
-     * that neither taking nor releasing it waits for the device (the pool
-     * keeps the memory for the next call); on the CPU the heap. scratch_free
-     * releases it once the work queued on `stream` so far is done. */
+     * parallelism's buffers, decode's rotated q): on CUDA stream-ordered
+     * from fmha's pool, so that neither taking nor releasing it waits for
+     * the device (the pool keeps the memory for the next call); on the CPU
+     * the heap. scratch_free releases it once the work queued on `stream`
+     * so far is done. */
     fmha_status (*scratch)(void **ptr, size_t bytes, void *stream);
     void (*scratch_free)(void *ptr, void *stream);
     /* A validated FP8 quantization, queued on `stream` where the device has one. */

@@ -86,7 +86,8 @@ for step in "$@"; do
         summary+=("test_cuda_decode rc=$? $(tail -1 "$OUT/test_cuda_decode.log")")
         grep -B2 FAIL "$OUT/test_cuda_decode.log" | head -30
         for tool in memcheck racecheck; do
-            FMHA_TEST_CASES=4 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+            # line-buffered: an abort (racecheck's on 2026-12-07, NOTES.md) keeps what ran before it
+            FMHA_TEST_CASES=4 timeout 240 stdbuf -oL -eL compute-sanitizer --tool $tool --error-exitcode 9 \
                 build-gpu/test_cuda_decode > "$OUT/${tool}_decode.log" 2>&1
             summary+=("$tool decode rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/${tool}_decode.log" | tail -1)")
         done

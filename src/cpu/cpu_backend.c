@@ -60,17 +60,15 @@ static fmha_status cpu_alloc(void **ptr, size_t bytes)
 {
     if (!(*ptr = fmha_malloc(bytes)))
         return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
-                              "out of memory reserving %zu bytes of FP8 scratch", bytes);
+                              "out of memory reserving %zu bytes of scratch", bytes);
     return FMHA_STATUS_OK;
 }
 
+/* The heap has no stream to order by: the same as cpu_alloc. */
 static fmha_status cpu_scratch(void **ptr, size_t bytes, void *stream)
 {
     (void)stream;
-    if (!(*ptr = fmha_malloc(bytes)))
-        return fmha_set_error(FMHA_STATUS_OUT_OF_MEMORY,
-                              "out of memory reserving %zu bytes of scratch", bytes);
-    return FMHA_STATUS_OK;
+    return cpu_alloc(ptr, bytes);
 }
 
 static void cpu_scratch_free(void *ptr, void *stream)

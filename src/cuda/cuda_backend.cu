@@ -252,11 +252,10 @@ static fmha_status cuda_plan_variant(fmha_plan *plan)
 
 static fmha_status cuda_scratch(void **ptr, size_t bytes, void *stream)
 {
-    *ptr = nullptr;
     const cudaError_t err = scratch_alloc(ptr, bytes, (cudaStream_t)stream);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        *ptr = nullptr;
+        *ptr = nullptr; /* whatever the failed call left there */
         return cuda_error(err, "reserving device scratch");
     }
     return FMHA_STATUS_OK;

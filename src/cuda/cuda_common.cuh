@@ -189,11 +189,13 @@ __device__ __forceinline__ bool block_span_at(block_span &s, const flash_params 
     return true;
 }
 
+/* The block's span, where blockIdx.x = parts x query block + part (the
+ * blocks that split a query tile's output columns share its span). */
 __device__ __forceinline__ bool block_span_init(block_span &s, const flash_params &p, int BM,
-                                                int BN)
+                                                int BN, int parts = 1)
 {
-    return block_span_at(s, p, BM, BN, (int64_t)(gridDim.x - 1 - blockIdx.x), blockIdx.y,
-                         blockIdx.z);
+    return block_span_at(s, p, BM, BN, (int64_t)(gridDim.x / parts - 1 - blockIdx.x / parts),
+                         blockIdx.y, blockIdx.z);
 }
 
 /* Every row of the block sees every key of [n0, n0 + BN): no mask needed. */

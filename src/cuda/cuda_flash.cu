@@ -73,8 +73,7 @@ __global__ void __launch_bounds__(tile<D>::THREADS, 256 / tile<D>::THREADS)
     const int parts = SPLIT ? vsplit : 1;
     const int vc0 = SPLIT ? (int)(blockIdx.x % parts) * DV : 0;
     block_span bs;
-    if (!block_span_at(bs, p, BM, BN, (int64_t)(gridDim.x / parts - 1 - blockIdx.x / parts),
-                       blockIdx.y, blockIdx.z))
+    if (!block_span_init(bs, p, BM, BN, parts))
         return;
     const int64_t m0 = bs.m0, q0 = bs.q0, sq = bs.sq, k0 = bs.k0, sk = bs.sk, tb = bs.tb;
     const int h = bs.h, b = bs.b, hk = bs.hk, rows = bs.rows;

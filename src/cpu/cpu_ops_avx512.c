@@ -319,7 +319,6 @@ static void pack_q_bf16(const fmha_cpu_task *t, void *qtv, void *tmpv)
     const int64_t d = t->pb->d, dp = t->dp;
     uint32_t *qt = qtv; /* [dp/2][BR] bf16 pairs as 32-bit words */
     uint16_t *tmp = tmpv;
-    memset(qt, 0, (size_t)dp * BR * 2);
     for (int i0 = 0; i0 < t->rows; i0 += G) {
         const int n = t->rows - i0 < G ? t->rows - i0 : G;
         for (int i = 0; i < n; i++) {
@@ -332,6 +331,9 @@ static void pack_q_bf16(const fmha_cpu_task *t, void *qtv, void *tmpv)
             for (int i = 0; i < n; i++)
                 memcpy(&qt[cp * BR + i0 + i], tmp + i * dp + 2 * cp, 4);
     }
+    const int pad = (FMHA_CPU_NQ - t->rows % FMHA_CPU_NQ) % FMHA_CPU_NQ; /* as pack_q's */
+    for (int64_t cp = 0; pad && cp < dp / 2; cp++)
+        memset(qt + cp * BR + t->rows, 0, (size_t)pad * 4);
 }
 
 /* Key rows copied into a dense block, as load_k's in cpu_ops_io.h. */

@@ -13,7 +13,6 @@ static void pack_q(const fmha_cpu_task *t, void *qtv, void *tmpv)
     const fmha_tensor *q = &pb->args->q;
     const int64_t d = pb->d;
     float *qt = qtv, *tmp = tmpv; /* tmp: [G][dp] */
-    memset(qt, 0, (size_t)d * FMHA_CPU_BR * 4);
     for (int i0 = 0; i0 < t->rows; i0 += G) {
         const int n = t->rows - i0 < G ? t->rows - i0 : G;
         for (int i = 0; i < n; i++) {
@@ -25,6 +24,11 @@ static void pack_q(const fmha_cpu_task *t, void *qtv, void *tmpv)
             for (int i = 0; i < n; i++)
                 qt[c * FMHA_CPU_BR + i0 + i] = tmp[i * t->dp + c];
     }
+    /* The mainloop reads whole vectors of FMHA_CPU_NQ queries: the cells up
+     * to the next multiple are zero, the rest of the tile is never read. */
+    const int pad = (FMHA_CPU_NQ - t->rows % FMHA_CPU_NQ) % FMHA_CPU_NQ;
+    for (int64_t c = 0; pad && c < d; c++)
+        memset(qt + c * FMHA_CPU_BR + t->rows, 0, (size_t)pad * 4);
 }
 
 /* Row j + PF_AHEAD of the task's keys on its way to the cache while row j

@@ -1,0 +1,295 @@
+/* torch_ext.cpp — fmha.attention's compiled path for torch tensors (the
+ * fmha_torch_ext module that fmha/torch_ext.py builds against the installed
+ * torch). One function, attention(), takes the call as fmha.attention got it
+ * and runs it on libfmha when it is the common case: plain CPU or CUDA
+ * tensors that autograd would not record, f32/f16/bf16, no dropout, no
+ * out=, descales or score modifiers, no torch dispatch or function mode. It
+ * returns None for any other call, and for any call libfmha refuses, so that
+ * the Python path runs it and raises its own error: this file checks types
+ * and nothing else, the library validates.
+ *
+ * libfmha is the one fmha/_lib.py loaded: bind() receives the addresses of
+ * the four functions it calls, so the module links no libfmha of its own.
+ * Layers are kept per thread, keyed by configuration, device and the
+ * environment's knobs (as fmha/_api.py keeps its one-shot layers). */
+#include <torch/extension.h>
+
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#ifdef FMHA_EXT_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fmha.h"
+
+namespace {
+
+struct Library {
+    decltype(&fmha_config_init) config_init = nullptr;
+    decltype(&fmha_layer_init) layer_init = nullptr;
+    decltype(&fmha_layer_free) layer_free = nullptr;
+    decltype(&fmha_layer_forward) layer_forward = nullptr;
+    std::vector<std::string> knobs;
+};
+Library lib;
+
+struct KeptLayer {
+    fmha_config cfg;
+    int device;
+    std::string knobs;
+    fmha_layer *layer;
+};
+constexpr size_t kKeptLayers = 32; /* per thread, least recently used out first */
+
+/* The knobs' values as one string, unset and empty told apart. */
+std::string knob_values()
+{
+    std::string s;
+    for (const auto &name : lib.knobs) {
+        const char *v = std::getenv(name.c_str());
+        s += v ? std::string(v) + '\x1e' : std::string("\x1f");
+    }
+    return s;
+}
+
+/* The thread's layer for cfg on `device` (-1: CPU) under the knobs' values
+ * `knobs`, or nullptr where libfmha refuses to make one. The front of the
+ * list is the most recent. */
+fmha_layer *kept_layer(const fmha_config &cfg, int device, const std::string &knobs)
+{
+    /* CPU layers go with their thread; CUDA ones stay (a thread's end may
+     * come after CUDA's, at the process's exit). */
+    struct List : std::vector<KeptLayer> {
+        ~List()
+        {
+            for (const auto &e : *this)
+                if (e.device < 0)
+                    lib.layer_free(e.layer);
+        }
+    };
+    thread_local List kept;
+    for (size_t i = 0; i < kept.size(); i++) {
+        if (kept[i].device == device && !std::memcmp(&kept[i].cfg, &cfg, sizeof cfg) &&
+            kept[i].knobs == knobs) {
+            KeptLayer hit = kept[i];
+            kept.erase(kept.begin() + (long)i);
+            kept.insert(kept.begin(), hit);
+            return hit.layer;
+        }
+    }
+    fmha_layer *layer = nullptr;
+    if (lib.layer_init(&layer, &cfg) != FMHA_STATUS_OK)
+        return nullptr;
+    if (kept.size() == kKeptLayers) {
+        lib.layer_free(kept.back().layer);
+        kept.pop_back();
+    }
+    kept.insert(kept.begin(), KeptLayer{cfg, device, knobs, layer});
+    return layer;
+}
+
+/* A tensor the library can read as it is: plain (no subclass, functorch
+ * wrapper, lazy negation or conjugation), strided, on the CPU or a CUDA
+ * device, 4-d with the last dim contiguous and no negative stride. */
+bool plain_tensor(PyObject *obj, at::Tensor &t)
+{
+    if (!THPVariable_Check(obj))
+        return false;
+    t = THPVariable_Unpack(obj);
+    const c10::DispatchKeySet ks = t.key_set();
+    if (ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::PythonTLSSnapshot) ||
+        ks.has(c10::DispatchKey::FuncTorchBatched) || ks.has(c10::DispatchKey::Functionalize) ||
+        t.is_neg() || t.is_conj() || t.layout() != at::kStrided || !t.has_storage())
+        return false;
+    if (!t.device().is_cpu() && !t.device().is_cuda())
+        return false;
+    if (t.dim() != 4 || (t.stride(3) != 1 && t.size(3) > 1))
+        return false;
+    for (int i = 0; i < 4; i++)
+        if (t.stride(i) < 0)
+            return false;
+    return true;
+}
+
+bool dtype_of(const at::Tensor &t, fmha_dtype &d)
+{
+    switch (t.scalar_type()) {
+    case at::kFloat: d = FMHA_DTYPE_F32; return true;
+    case at::kHalf: d = FMHA_DTYPE_F16; return true;
+    case at::kBFloat16: d = FMHA_DTYPE_BF16; return true;
+    default: return false;
+    }
+}
+
+fmha_tensor view(const at::Tensor &t, fmha_dtype d)
+{
+    fmha_tensor v;
+    std::memset(&v, 0, sizeof v);
+    v.data = t.data_ptr();
+    v.dtype = d;
+    v.batch = t.size(0);
+    v.seqlen = t.size(1);
+    v.heads = t.size(2);
+    v.head_dim = t.size(3);
+    v.stride_batch = t.stride(0);
+    v.stride_seq = t.stride(1);
+    v.stride_head = t.stride(2);
+    v.stride_dim = 1;
+    return v;
+}
+
+/* A Python number as a double: int or float, never bool. */
+bool real(PyObject *obj, double &x)
+{
+    if (PyBool_Check(obj) || !(PyFloat_Check(obj) || PyLong_Check(obj)))
+        return false;
+    x = PyFloat_AsDouble(obj);
+    if (x == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    return true;
+}
+
+bool int64(PyObject *obj, int64_t &x)
+{
+    if (PyBool_Check(obj) || !PyLong_Check(obj))
+        return false;
+    int overflow = 0;
+    x = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+    }
+    return true;
+}
+
+/* The options as _Options takes them, or false for anything else. */
+bool options(fmha_config &cfg, py::handle causal, py::handle scale, py::handle window,
+             py::handle softcap)
+{
+    if (!PyBool_Check(causal.ptr()))
+        return false;
+    cfg.causal = causal.ptr() == Py_True;
+    cfg.softmax_scale = 0.0; /* None: 1 / sqrt(head_dim) */
+    if (!scale.is_none() && (!real(scale.ptr(), cfg.softmax_scale) || cfg.softmax_scale == 0.0))
+        return false;
+    cfg.window_left = cfg.window_right = -1;
+    if (!window.is_none()) {
+        PyObject *w = window.ptr();
+        if (!(PyTuple_Check(w) || PyList_Check(w)) || PySequence_Fast_GET_SIZE(w) != 2)
+            return false;
+        if (!int64(PySequence_Fast_GET_ITEM(w, 0), cfg.window_left) ||
+            !int64(PySequence_Fast_GET_ITEM(w, 1), cfg.window_right))
+            return false;
+    }
+    cfg.softcap = 0.0;
+    return softcap.is_none() || real(softcap.ptr(), cfg.softcap);
+}
+
+/* Nothing that would have to see the call: autograd recording it, a torch
+ * dispatch or function mode. */
+bool unobserved(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
+{
+    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        return false;
+    return !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
+           !at::impl::torch_function_mode_enabled();
+}
+
+py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle causal,
+                     py::handle scale, py::handle window, py::handle softcap,
+                     py::handle return_lse)
+{
+    at::Tensor q, k, v;
+    fmha_dtype dtype, kd, vd;
+    if (!lib.layer_forward || !plain_tensor(qo.ptr(), q) || !plain_tensor(ko.ptr(), k) ||
+        !plain_tensor(vo.ptr(), v) || !PyBool_Check(return_lse.ptr()))
+        return py::none();
+    if (!dtype_of(q, dtype) || !dtype_of(k, kd) || !dtype_of(v, vd) || kd != dtype || vd != dtype)
+        return py::none();
+    if (k.device() != q.device() || v.device() != q.device() || !unobserved(q, k, v))
+        return py::none();
+    const int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), D = q.size(3);
+    const int64_t Sk = k.size(1), Hkv = k.size(2), Dv = v.size(3);
+    if (B == 0 || Sq == 0 || Sk == 0 || H == 0 || Hkv == 0 || D == 0 || Dv == 0)
+        return py::none(); /* the Python path answers empty calls */
+
+    fmha_config cfg;
+    std::memset(&cfg, 0, sizeof cfg);
+    lib.config_init(&cfg, H, Hkv, D);
+    cfg.head_dim_v = Dv;
+    cfg.dtype = dtype;
+    if (!options(cfg, causal, scale, window, softcap))
+        return py::none();
+    const bool cuda = q.device().is_cuda();
+#ifndef FMHA_EXT_CUDA
+    if (cuda)
+        return py::none();
+#endif
+    cfg.device = cuda ? FMHA_DEVICE_CUDA : FMHA_DEVICE_CPU;
+    const int device = cuda ? q.device().index() : -1;
+
+    at::Tensor out = at::empty({B, Sq, H, Dv}, q.options());
+    const bool want_lse = return_lse.ptr() == Py_True;
+    at::Tensor lse = want_lse ? at::empty({B, H, Sq}, q.options().dtype(at::kFloat)) : at::Tensor();
+
+    fmha_forward_args a;
+    std::memset(&a, 0, sizeof a);
+    a.q = view(q, dtype);
+    a.k = view(k, dtype);
+    a.v = view(v, dtype);
+    a.out = view(out, dtype);
+    a.lse = want_lse ? lse.data_ptr<float>() : nullptr;
+    const std::string knobs = knob_values(); /* under the GIL, as os.environ changes */
+    fmha_status st;
+    {
+#ifdef FMHA_EXT_CUDA
+        c10::cuda::OptionalCUDAGuard guard;
+        if (cuda) {
+            guard.set_device(q.device());
+            a.stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        }
+#endif
+        py::gil_scoped_release nogil;
+        fmha_layer *layer = kept_layer(cfg, device, knobs);
+        st = layer ? lib.layer_forward(layer, &a) : FMHA_STATUS_INVALID_ARGUMENT;
+    }
+    if (st != FMHA_STATUS_OK)
+        return py::none();
+    if (want_lse)
+        return py::make_tuple(out, lse);
+    return py::cast(out);
+}
+
+/* The library's functions by address (fmha/_lib.py's), and the names of the
+ * environment's knobs. */
+void bind(uintptr_t config_init, uintptr_t layer_init, uintptr_t layer_free,
+          uintptr_t layer_forward, std::vector<std::string> knobs)
+{
+    lib.config_init = reinterpret_cast<decltype(lib.config_init)>(config_init);
+    lib.layer_init = reinterpret_cast<decltype(lib.layer_init)>(layer_init);
+    lib.layer_free = reinterpret_cast<decltype(lib.layer_free)>(layer_free);
+    lib.layer_forward = reinterpret_cast<decltype(lib.layer_forward)>(layer_forward);
+    lib.knobs = std::move(knobs);
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    m.def("bind", &bind);
+    m.def("sizes", [] { return py::make_tuple(sizeof(fmha_config), sizeof(fmha_forward_args)); });
+    m.def("attention", &attention);
+#ifdef FMHA_EXT_CUDA
+    m.attr("cuda") = true;
+#else
+    m.attr("cuda") = false;
+#endif
+}

@@ -1,0 +1,259 @@
+"""fmha.torch_ext, attention()'s compiled path: built here (skipped without
+torch, a C++ compiler or ninja, unless FMHA_TEST_TORCH_EXT=1 says it must
+build, as CI does), then against the float64 reference and the Python path
+bit for bit, on awkward shapes, strides, GQA and every option it takes; the
+calls it hands back to the Python path (autograd, numpy, dropout, out=,
+modifiers, negated views, refused shapes with the Python path's errors);
+the environment's knobs; threads; torch.compile; FMHA_TORCH_EXT=0."""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import fmha
+import reference as ref
+from fmha import _api
+
+torch = pytest.importorskip("torch")
+
+REQUIRED = os.environ.get("FMHA_TEST_TORCH_EXT") == "1"
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def ext():
+    """The built module, loaded as fmha loads it at a torch call."""
+    import fmha.torch_ext as te
+    try:
+        mod = te.build()
+    except Exception as e:
+        if REQUIRED:
+            raise
+        pytest.skip("fmha.torch_ext does not build here (%s: %s)" % (type(e).__name__, e))
+    fmha.attention(torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8))
+    saved = _api._fast
+    _api._fast = mod
+    yield mod
+    _api._fast = saved
+
+
+@pytest.fixture
+def python_only(monkeypatch):
+    """Makes the Python path raise, so a call that returns took the compiled one."""
+    def refuse(*a, **kw):
+        raise AssertionError("the call took the Python path")
+    monkeypatch.setattr(_api, "_attention", refuse)
+
+
+def rand(shape, dtype, seed, layout="bshd"):
+    g = torch.Generator().manual_seed(seed)
+    if layout == "bhsd":
+        b, s, h, d = shape
+        return torch.randn((b, h, s, d), generator=g).to(DTYPES[dtype]).transpose(1, 2)
+    if layout == "padded":  # rows further apart than the head dim, a batch stride of its own
+        b, s, h, d = shape
+        return torch.randn((b, s + 3, h, d + 5), generator=g).to(DTYPES[dtype])[:, 2:2 + s, :, :d]
+    return torch.randn(shape, generator=g).to(DTYPES[dtype])
+
+
+def f64(t):
+    return t.detach().to(torch.float64).numpy()
+
+
+PYTHON_PATH = _api._attention
+
+
+def python_path(fn):
+    """fn() with the compiled path off (and the Python path on where
+    python_only took it away)."""
+    saved = _api._fast, _api._attention
+    _api._fast, _api._attention = None, PYTHON_PATH
+    try:
+        return fn()
+    finally:
+        _api._fast, _api._attention = saved
+
+
+CASES = [  # B, Sq, Sk, H, Hkv, D, Dv, causal, window, softcap, scale
+    (1, 1, 1, 1, 1, 8, 8, False, (-1, -1), 0.0, None),
+    (2, 19, 23, 4, 2, 32, 32, True, (9, -1), 0.0, None),
+    (3, 37, 5, 6, 1, 40, 24, False, (-1, -1), 0.0, 0.3),
+    (1, 70, 70, 3, 3, 64, 64, True, (-1, -1), 30.0, None),
+    (2, 17, 130, 8, 4, 96, 80, False, (20, 3), 0.0, 0.07),
+    (1, 129, 66, 2, 2, 128, 128, True, (-1, 7), 5.0, 1),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd", "padded"])
+def test_against_reference_and_python_path(ext, python_only, case, dtype, layout):
+    B, Sq, Sk, H, Hkv, D, Dv, causal, window, softcap, scale = case
+    q = rand((B, Sq, H, D), dtype, 1, layout)
+    k = rand((B, Sk, Hkv, D), dtype, 2, layout)
+    v = rand((B, Sk, Hkv, Dv), dtype, 3, layout)
+    kw = dict(causal=causal, window=window, softcap=softcap, softmax_scale=scale)
+    out, lse = fmha.attention(q, k, v, return_lse=True, **kw)
+    assert out.dtype == q.dtype and tuple(out.shape) == (B, Sq, H, Dv) and out.is_contiguous()
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (B, H, Sq)
+    want, want_lse = ref.attention(f64(q), f64(k), f64(v), causal=causal, window=window,
+                                   softcap=softcap, scale=scale)
+    ref.assert_close(f64(out), want, dtype)
+    ref.assert_lse(f64(lse), want_lse)
+    alone = fmha.attention(q, k, v, **kw)
+    assert isinstance(alone, torch.Tensor) and torch.equal(alone, out)
+    p_out, p_lse = python_path(lambda: fmha.attention(q, k, v, return_lse=True, **kw))
+    assert torch.equal(out, p_out) and torch.equal(lse, p_lse)
+
+
+def test_flash_attn_func_takes_it(ext, python_only):
+    q, k, v = (rand((2, 11, 4, 16), "bf16", s) for s in range(3))
+    out = fmha.flash_attn_func(q, k, v, causal=True)
+    want, _ = ref.attention(f64(q), f64(k), f64(v), causal=True)
+    ref.assert_close(f64(out), want, "bf16")
+
+
+def test_handed_back_calls(ext):
+    """Calls the compiled path does not take still run, on the Python path."""
+    q, k, v = (rand((1, 9, 2, 16), "f32", s) for s in range(3))
+    want, _ = ref.attention(f64(q), f64(k), f64(v))
+    mod = ext
+    seen = []
+    _api._fast = type("Spy", (), {"attention": lambda self, *a: seen.append(a) or
+                                  mod.attention(*a)})()
+    try:
+        # Each of these is decided before the module is asked...
+        out = torch.empty(1, 9, 2, 16)
+        fmha.attention(q, k, v, out=out)
+        fmha.attention(q, k, v, dropout_p=0.5, seed=3)
+        fmha.attention(q, k, v, sinks=torch.zeros(2))
+        fmha.attention(q, k, v, attn_mask=torch.ones(9, 9, dtype=torch.bool))
+        assert seen == []
+        # ...these by it (None back), and the Python path answers.
+        for args in [(q.numpy(), k.numpy(), v.numpy()), (torch._neg_view(q), k, v),
+                     (q.double(), k.double(), v.double()), (q, k.half(), v),
+                     (q[:, :0], k, v), (q, k, v.unsqueeze(0))]:
+            before = len(seen)
+            try:
+                fmha.attention(*args)
+            except Exception:
+                pass
+            assert len(seen) == before + 1
+        with pytest.raises(ValueError, match="negated view"):
+            fmha.attention(torch._neg_view(q), k, v)
+        for kw in [dict(causal=2), dict(softmax_scale=0.0), dict(window=(1, 2, 3)),
+                   dict(softcap="1"), dict(window=(2**70, -1)), dict(return_lse="yes")]:
+            with pytest.raises((ValueError, TypeError)):
+                python_path(lambda: fmha.attention(q, k, v, **kw))
+            with pytest.raises((ValueError, TypeError)):
+                fmha.attention(q, k, v, **kw)
+        # Options of other types that the Python path takes (0/1 flags, bool
+        # numbers, lists) get its answer.
+        ref.assert_close(f64(fmha.attention(q, k, v, window=[3, 0], causal=1, softcap=True)),
+                         ref.attention(f64(q), f64(k), f64(v), window=(3, 0), causal=True,
+                                       softcap=1.0)[0], "f32")
+    finally:
+        _api._fast = mod
+
+
+def test_refusals_are_the_python_paths(ext):
+    q = rand((1, 8, 3, 16), "f32", 1)
+    k = rand((1, 8, 2, 16), "f32", 2)
+    k3 = rand((2, 8, 3, 16), "f32", 3)
+    for args in [(q, k, k), (q, q[..., :8], q), (q, k3, k3), (q, q, q[:, :5])]:
+        with pytest.raises(Exception) as fast:
+            fmha.attention(*args)
+        with pytest.raises(Exception) as slow:
+            python_path(lambda: fmha.attention(*args))
+        assert type(fast.value) is type(slow.value) and str(fast.value) == str(slow.value)
+
+
+def test_autograd_keeps_the_op(ext):
+    q, k, v = (rand((1, 7, 2, 16), "f32", s).requires_grad_(True) for s in range(3))
+    out = fmha.attention(q, k, v, causal=True)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        assert fmha.attention(q, k, v).grad_fn is None
+
+
+def test_knobs_make_new_layers(ext, monkeypatch):
+    """A knob set in the environment reaches the next call, as on the Python path."""
+    q, k, v = (rand((1, 40, 2, 64), "bf16", s) for s in range(3))
+    for isa in ("scalar", "auto"):
+        monkeypatch.setenv("FMHA_CPU_ISA", isa)
+        got = fmha.attention(q, k, v)
+        assert torch.equal(got, python_path(lambda: fmha.attention(q, k, v)))
+    monkeypatch.setenv("FMHA_CPU_ISA", "no-such-isa")
+    with pytest.raises(ValueError, match="FMHA_CPU_ISA"):
+        fmha.attention(q, k, v)
+
+
+def test_threads(ext):
+    q, k, v = (rand((2, 33, 4, 32), "f32", s) for s in range(3))
+    want = python_path(lambda: fmha.attention(q, k, v, causal=True))
+    bad = []
+
+    def work():
+        for _ in range(50):
+            if not torch.equal(fmha.attention(q, k, v, causal=True), want):
+                bad.append(1)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+def test_compile_fullgraph(ext):
+    q, k, v = (rand((1, 12, 2, 16), "f32", s) for s in range(3))
+    fn = torch.compile(lambda a, b, c: fmha.attention(a, b, c, causal=True), fullgraph=True,
+                       backend="eager")
+    ref.assert_close(f64(fn(q, k, v)), ref.attention(f64(q), f64(k), f64(v), causal=True)[0],
+                     "f32")
+
+
+def test_found_by_a_new_process(ext):
+    """A process that imports fmha finds the built module at its first eager
+    torch call, not inside a compiled one."""
+    code = ("import torch, fmha\n"
+            "from fmha import _api\n"
+            "q = torch.randn(1, 8, 2, 16)\n"
+            "f = torch.compile(lambda q: fmha.attention(q, q, q), fullgraph=True, "
+            "backend='eager')\n"
+            "f(q)\n"
+            "assert _api._fast is None\n"
+            "fmha.attention(q, q, q)\n"
+            "assert _api._fast is not None and _api._fast.__file__ == %r\n"
+            "assert torch.equal(fmha.attention(q, q, q), f(q))\n" % ext.__file__)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+def test_switched_off(ext, monkeypatch):
+    import fmha.torch_ext as te
+    assert te.load() is not None
+    monkeypatch.setenv("FMHA_TORCH_EXT", "0")
+    assert te.load() is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_cuda(ext, python_only, dtype):
+    if not ext.cuda:
+        pytest.skip("fmha.torch_ext was built without CUDA (no CUDA_HOME at build time)")
+    q = rand((2, 77, 8, 128), dtype, 1).cuda()
+    k = rand((2, 300, 2, 128), dtype, 2).cuda().transpose(1, 2).contiguous().transpose(1, 2)
+    v = rand((2, 300, 2, 128), dtype, 3).cuda()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out, lse = fmha.attention(q, k, v, causal=True, return_lse=True)
+    s.synchronize()
+    want, want_lse = ref.attention(f64(q.cpu()), f64(k.cpu()), f64(v.cpu()), causal=True)
+    ref.assert_close(f64(out.cpu()), want, dtype)
+    ref.assert_lse(f64(lse.cpu()), want_lse)

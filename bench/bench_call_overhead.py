@@ -1,12 +1,14 @@
 """bench_call_overhead.py — the host time of one fmha call from Python on a
 tiny shape, where the kernel's work is negligible, beside torch SDPA's on
 the same tensors in the same process: fmha.attention and flash_attn_func
-(no autograd: the direct path; fmha.attention also with its repeat table
-emptied before each call, as a first call runs), Attention.forward (a kept layer), the
-fmha::fwd op (inputs that require grad: what autograd records), a packed
-varlen call, and numpy arrays. Median of --repeat rounds of --calls calls.
+(no autograd) on the compiled path (fmha.torch_ext, built here when --ext
+is given) and on the Python path (fmha.attention also with its repeat table
+emptied before each call, as a first call runs), Attention.forward (a kept
+layer), the fmha::fwd op (inputs that require grad: what autograd
+records), a packed varlen call, and numpy arrays. Median of --repeat rounds
+of --calls calls.
 
-    python3 bench/bench_call_overhead.py [--lib build/libfmha.so] [--device cpu|cuda]
+    python3 bench/bench_call_overhead.py [--lib build/libfmha.so] [--device cpu|cuda] [--ext]
 """
 import argparse
 import os
@@ -25,6 +27,8 @@ def main():
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--shape", default="1,16,2,32", help="B,S,H,D")
+    ap.add_argument("--ext", action="store_true",
+                    help="build fmha.torch_ext (about a minute the first time) and time it too")
     results_md.add_arguments(ap, {"call-overhead": "Per-call host time from Python"})
     opt = ap.parse_args()
     os.environ["FMHA_LIBRARY"] = os.path.abspath(opt.lib)
@@ -58,15 +62,36 @@ def main():
         return sorted(rounds)[len(rounds) // 2]
 
     from fmha import _api
+    fmha.attention(q, k, v)  # loads the torch ops (and a built fmha.torch_ext)
+    ext = None
+    if opt.ext:
+        import fmha.torch_ext
+        ext = fmha.torch_ext.build()
+
+    def path(fn, compiled):
+        def call():
+            _api._fast = ext if compiled else None
+            return fn()
+        return call
 
     def first_call_path():  # the repeat table emptied: every call derives its arguments anew
         _api._repeat.calls.clear()
         return fmha.attention(q, k, v)
 
-    calls = [("torch SDPA [B, H, S, D] views", lambda: F.scaled_dot_product_attention(qt, kt, vt)),
-             ("fmha.attention", lambda: fmha.attention(q, k, v)),
-             ("fmha.attention, repeat table emptied before each call", first_call_path),
-             ("fmha.flash_attn_func", lambda: fmha.flash_attn_func(q, k, v)),
+    def attn():
+        return fmha.attention(q, k, v)
+
+    def fa2():
+        return fmha.flash_attn_func(q, k, v)
+
+    calls = [("torch SDPA [B, H, S, D] views", lambda: F.scaled_dot_product_attention(qt, kt, vt))]
+    if ext is not None:
+        calls += [("fmha.attention, compiled path (fmha.torch_ext)", path(attn, True)),
+                  ("fmha.flash_attn_func, compiled path", path(fa2, True))]
+    calls += [("fmha.attention, Python path", path(attn, False)),
+              ("fmha.attention, Python path, repeat table emptied before each call",
+               path(first_call_path, False)),
+              ("fmha.flash_attn_func, Python path", path(fa2, False)),
              ("fmha.Attention.forward", lambda: layer.forward(q, k, v)),
              ("fmha.attention, inputs require grad (fmha::fwd op)",
               lambda: fmha.attention(qg, kg, vg)),

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 CF=${CLANG_FORMAT:-clang-format}
 command -v "$CF" >/dev/null || { echo "check_format: $CF not found (Debian: clang-format)" >&2; exit 2; }
 files=$(git ls-files 'src/*.c' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'include/*.h' 'tests/*.c' 'tests/*.h' \
-    'tests/*.cu' 'tools/*.c' 'tools/*.h' 'examples/*.c' 'examples/*.cpp')
+    'tests/*.cu' 'tools/*.c' 'tools/*.h' 'examples/*.c' 'examples/*.cpp' \
+    'python/fmha/csrc/*.cpp')
 if [ "${1:-}" = "--fix" ]; then
     $CF -i $files
     exit 0

@@ -429,18 +429,46 @@ def _answer_empty(cfg, q, out, lse, layer_for, sinks=None):
 _torch_ops = None
 
 
+# fmha.torch_ext's compiled module where it has been built for this torch
+# (attention()'s path for plain torch calls), looked for by the first eager
+# torch call after the ops load (_fast_pending; never inside a torch.compile
+# trace); and torch.compiler.is_compiling, which keeps it out of graphs.
+_fast = None
+_fast_pending = False
+_compiling = None
+
+
 def load_torch_ops():
-    """Loads fmha.torch_ops (registering the ops) when torch is imported and
-    new enough; never imports torch itself."""
-    global _torch_ops
+    """Loads fmha.torch_ops (registering the ops) and fmha.torch_ext's module
+    when built, once torch is imported and new enough; never imports torch
+    itself."""
+    global _torch_ops, _fast_pending, _compiling
     if _torch_ops is None and "torch" in sys.modules:
         try:
             from . import torch_ops
         except ImportError:  # torch < 2.4: no torch.library.custom_op
             _torch_ops = False
-        else:
-            _torch_ops = torch_ops
+            return _torch_ops
+        _torch_ops = torch_ops
+        _compiling = torch_ops._is_compiling
+        _fast_pending = True
     return _torch_ops
+
+
+def _load_fast():
+    """Sets _fast to fmha.torch_ext's module, or None where it is not built
+    or does not load (a warning says why: the Python path runs every call
+    then). Not inside a trace: the next eager call looks."""
+    global _fast, _fast_pending
+    if _compiling():
+        return
+    _fast_pending = False
+    try:
+        from . import torch_ext
+        _fast = torch_ext.load()
+    except (ImportError, OSError) as e:
+        warnings.warn("fmha: the compiled path (fmha.torch_ext) is off: %s" % e, RuntimeWarning,
+                      stacklevel=4)
 
 
 def _ops_for(q, out, descales):
@@ -503,6 +531,8 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
             mods=_NO_MODS):
     return_lse = T.flag(return_lse, "return_lse")
     ops = _ops_for(q, out, descales)
+    if _fast_pending:
+        _load_fast()
     if ops is None:
         _refuse_grad(out, descales, q, k, v, mods=mods)
     elif not ops.eager(q, k, v, *_torch_mods(mods)):  # eager: nothing autograd would record
@@ -863,7 +893,6 @@ def varlen_attention_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                             mods=_Mods(None, alibi_slopes, sinks))
 
 
-@T.returns_like()
 def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
               dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
               k_descale=None, v_descale=None, attn_mask=None, alibi_slopes=None, sinks=None):
@@ -907,10 +936,24 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
     get gradients (dsinks); a mask or slopes that require grad raise
     NotImplementedError (fmha computes no gradient for them).
     """
+    fast = _fast
+    if fast is not None and out is None and q_descale is None and k_descale is None and \
+            v_descale is None and attn_mask is None and alibi_slopes is None and sinks is None \
+            and (dropout_p is None or (type(dropout_p) in (float, int) and dropout_p == 0)) \
+            and not _compiling():
+        res = fast.attention(q, k, v, causal, softmax_scale, window, softcap, return_lse)
+        if res is not None:
+            return res
+    return _attention(q, k, v, causal, softmax_scale, window, softcap, dropout_p, seed,
+                      return_lse, out, (q_descale, k_descale, v_descale),
+                      _Mods(attn_mask, alibi_slopes, sinks))
+
+
+@T.returns_like()
+def _attention(q, k, v, causal, softmax_scale, window, softcap, dropout_p, seed, return_lse, out,
+               descales, mods):
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
-    return _padded(q, k, v, opts, out, return_lse, seed,
-                   descales=(q_descale, k_descale, v_descale),
-                   mods=_Mods(attn_mask, alibi_slopes, sinks))
+    return _padded(q, k, v, opts, out, return_lse, seed, descales=descales, mods=mods)
 
 
 @T.returns_like()

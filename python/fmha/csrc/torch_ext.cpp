@@ -28,7 +28,8 @@
 
 #include "fmha.h"
 
-namespace {
+namespace
+{
 
 struct Library {
     decltype(&fmha_config_init) config_init = nullptr;
@@ -204,8 +205,7 @@ bool unobserved(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
 }
 
 py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle causal,
-                     py::handle scale, py::handle window, py::handle softcap,
-                     py::handle return_lse)
+                     py::handle scale, py::handle window, py::handle softcap, py::handle return_lse)
 {
     at::Tensor q, k, v;
     fmha_dtype dtype, kd, vd;

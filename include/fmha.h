@@ -472,7 +472,10 @@ FMHA_API const char *fmha_comm_kind_name(fmha_comm_kind kind);
  *         adds a stream of its own on the current device for the transfers,
  *         so that they overlap attention.
  * UNSUPPORTED where this build lacks the kind (the message says how to build
- * it in). */
+ * it in). One call at a time on a comm (as on the communicator it wraps).
+ * A comm keeps the local layer of its latest fmha_sp_forward (its plan and
+ * workspace) for the next call with the same configuration: the
+ * environment's knobs (FMHA_CPU_ISA, ...) are read when it is made. */
 FMHA_API fmha_status fmha_comm_init(fmha_comm **comm, fmha_comm_kind kind, const void *handle,
                                     void *stream);
 FMHA_API void fmha_comm_free(fmha_comm *comm);

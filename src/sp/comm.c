@@ -84,6 +84,7 @@ void fmha_comm_free(fmha_comm *comm)
 {
     if (!comm)
         return;
+    fmha_layer_free(comm->layer);
     comm->ops->destroy(comm);
     fmha_free(comm);
 }

@@ -651,6 +651,24 @@ fmha_status fmha_sp_tokens(const fmha_sp_config *sp, int64_t seqlen, int rank, i
     return FMHA_STATUS_OK;
 }
 
+/* comm's layer for `local` (the local heads' configuration): the one of the
+ * latest call where the configuration is the same, else a new one that
+ * replaces it. */
+static fmha_status comm_layer(fmha_comm *comm, const fmha_config *local, fmha_layer **layer)
+{
+    if (comm->layer && !memcmp(&comm->layer_cfg, local, sizeof *local)) {
+        *layer = comm->layer;
+        return FMHA_STATUS_OK;
+    }
+    fmha_layer_free(comm->layer);
+    comm->layer = NULL;
+    const fmha_status st = fmha_layer_init(&comm->layer, local);
+    if (st == FMHA_STATUS_OK)
+        comm->layer_cfg = *local;
+    *layer = comm->layer;
+    return st;
+}
+
 fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp, fmha_comm *comm,
                             const fmha_sp_args *args)
 {
@@ -689,11 +707,10 @@ fmha_status fmha_sp_forward(const fmha_config *cfg, const fmha_sp_config *sp, fm
     fmha_config local = *cfg;
     local.num_heads = r.pb.lheads;
     local.num_kv_heads = r.pb.lkv;
-    if ((st = fmha_layer_init(&r.layer, &local)) == FMHA_STATUS_OK && r.pb.batch > 0)
+    if ((st = comm_layer(comm, &local, &r.layer)) == FMHA_STATUS_OK && r.pb.batch > 0)
         st = sp_forward(&r);
     if (r.pending)
         r.comm->ops->wait(r.comm, r.pending);
-    fmha_layer_free(r.layer);
     for (int i = 0; i < r.nbufs; i++)
         r.be->scratch_free(r.bufs[i], r.stream);
     fmha_free(r.run_mem);

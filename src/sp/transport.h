@@ -44,6 +44,11 @@ struct fmha_comm {
     void *stream;       /* NCCL: the caller's cudaStream_t, where attention runs */
     void *impl;         /* the implementation's own state */
     int64_t bytes_sent; /* through start's sends, for fmha_comm_bytes_sent */
+    /* The layer of the latest fmha_sp_forward (its local heads), kept for the
+     * next call of the same configuration with its workspace; freed with
+     * the comm. */
+    fmha_layer *layer;
+    fmha_config layer_cfg;
 };
 
 #endif /* FMHA_SP_TRANSPORT_H */

@@ -84,10 +84,15 @@ def main():
     def fa2():
         return fmha.flash_attn_func(q, k, v)
 
+    def varlen():
+        return fmha.varlen_attention(qp, kp, vp, cu, cu, S, S)
+
     calls = [("torch SDPA [B, H, S, D] views", lambda: F.scaled_dot_product_attention(qt, kt, vt))]
     if ext is not None:
         calls += [("fmha.attention, compiled path (fmha.torch_ext)", path(attn, True)),
-                  ("fmha.flash_attn_func, compiled path", path(fa2, True))]
+                  ("fmha.flash_attn_func, compiled path", path(fa2, True)),
+                  ("fmha.varlen_attention (max_seqlen given), compiled path",
+                   path(varlen, True))]
     calls += [("fmha.attention, Python path", path(attn, False)),
               ("fmha.attention, Python path, repeat table emptied before each call",
                path(first_call_path, False)),
@@ -95,8 +100,7 @@ def main():
              ("fmha.Attention.forward", lambda: layer.forward(q, k, v)),
              ("fmha.attention, inputs require grad (fmha::fwd op)",
               lambda: fmha.attention(qg, kg, vg)),
-             ("fmha.varlen_attention (max_seqlen given)",
-              lambda: fmha.varlen_attention(qp, kp, vp, cu, cu, S, S))]
+             ("fmha.varlen_attention (max_seqlen given), Python path", path(varlen, False))]
     if opt.device == "cpu":
         qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
         calls.append(("fmha.attention on numpy arrays", lambda: fmha.attention(qn, kn, vn)))

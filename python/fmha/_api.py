@@ -483,6 +483,8 @@ def _ops_for(q, out, descales):
         ops = load_torch_ops()
     if not ops or not isinstance(q, ops.Tensor):
         return None
+    if _fast_pending:
+        _load_fast()
     if out is not None or any(d is not None for d in descales):
         return None
     return ops
@@ -531,8 +533,6 @@ def _padded(q, k, v, opts, out, return_lse, seed, layer_for=None, descales=(None
             mods=_NO_MODS):
     return_lse = T.flag(return_lse, "return_lse")
     ops = _ops_for(q, out, descales)
-    if _fast_pending:
-        _load_fast()
     if ops is None:
         _refuse_grad(out, descales, q, k, v, mods=mods)
     elif not ops.eager(q, k, v, *_torch_mods(mods)):  # eager: nothing autograd would record
@@ -956,7 +956,6 @@ def _attention(q, k, v, causal, softmax_scale, window, softcap, dropout_p, seed,
     return _padded(q, k, v, opts, out, return_lse, seed, descales=descales, mods=mods)
 
 
-@T.returns_like()
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0,
                      dropout_p=0.0, seed=None, return_lse=False, out=None, q_descale=None,
@@ -973,10 +972,29 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     attention(), per sequence. Returns out [total_q, H, Dv] or (out, lse)
     with lse [H, total_q] float32.
     """
+    fast = _fast
+    if fast is not None and out is None and q_descale is None and k_descale is None and \
+            v_descale is None and alibi_slopes is None and sinks is None \
+            and (dropout_p is None or (type(dropout_p) in (float, int) and dropout_p == 0)) \
+            and not _compiling():
+        res = fast.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, causal, softmax_scale, window, softcap,
+                                    return_lse)
+        if res is not None:
+            return res
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal, softmax_scale, window, softcap, dropout_p, seed, return_lse,
+                             out, (q_descale, k_descale, v_descale),
+                             _Mods(None, alibi_slopes, sinks))
+
+
+@T.returns_like()
+def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                      softmax_scale, window, softcap, dropout_p, seed, return_lse, out, descales,
+                      mods):
     opts = _Options(causal, softmax_scale, window, softcap, dropout_p)
     return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts, out,
-                   return_lse, seed, descales=(q_descale, k_descale, v_descale),
-                   mods=_Mods(None, alibi_slopes, sinks))
+                   return_lse, seed, descales=descales, mods=mods)
 
 
 # ------------------------------------------------------------------ the layer

@@ -109,6 +109,58 @@ def test_against_reference_and_python_path(ext, python_only, case, dtype, layout
     assert torch.equal(out, p_out) and torch.equal(lse, p_lse)
 
 
+VARLEN = [  # offsets q, offsets k, H, Hkv, D, Dv, causal, window, softcap
+    ([0, 5, 5, 12], [0, 5, 5, 12], 2, 2, 16, 16, True, (-1, -1), 0.0),
+    ([0, 1, 40, 41], [0, 30, 31, 90], 6, 2, 64, 48, False, (7, 2), 0.0),
+    ([0, 33], [0, 17], 4, 1, 128, 128, True, (-1, -1), 20.0),
+    ([0, 3, 9, 9, 20, 57], [0, 8, 8, 16, 50, 51], 3, 3, 24, 40, True, (5, -1), 0.0),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("bounds", [False, True])
+def test_varlen(ext, case, dtype, bounds, monkeypatch):
+    cq, ck, H, Hkv, D, Dv, causal, window, softcap = case
+    monkeypatch.setattr(_api, "_varlen_attention", lambda *a: pytest.fail("Python path"))
+    q = rand((1, cq[-1] + 2, H, D), dtype, 1)[0]  # two tokens past the last sequence
+    k = rand((1, ck[-1], Hkv, D), dtype, 2, "bhsd")[0]
+    v = rand((1, ck[-1], Hkv, Dv), dtype, 3)[0]
+    cuq, cuk = torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32)
+    mq = max(b - a for a, b in zip(cq, cq[1:])) if bounds else None
+    mk = max(b - a for a, b in zip(ck, ck[1:])) if bounds else None
+    kw = dict(causal=causal, window=window, softcap=softcap)
+    out, lse = fmha.varlen_attention(q, k, v, cuq, cuk, mq, mk, return_lse=True, **kw)
+    assert tuple(out.shape) == (q.shape[0], H, Dv) and tuple(lse.shape) == (H, q.shape[0])
+    want, want_lse = ref.varlen_attention(f64(q), f64(k), f64(v), np.array(cq), np.array(ck),
+                                          **kw)
+    n = cq[-1]  # tokens past the last sequence are not written
+    ref.assert_close(f64(out)[:n], want[:n], dtype)
+    ref.assert_lse(f64(lse)[:, :n], want_lse[:, :n])
+    monkeypatch.undo()
+    p_out, p_lse = python_path(lambda: fmha.varlen_attention(q, k, v, cuq, cuk, mq, mk,
+                                                             return_lse=True, **kw))
+    assert torch.equal(out[:n], p_out[:n]) and torch.equal(lse[:, :n], p_lse[:, :n])
+    fa = fmha.flash_attn_varlen_func(q, k, v, cuq, cuk, mq or 64, mk or 128, causal=causal,
+                                     window_size=window, softcap=softcap)
+    assert torch.equal(fa[:n], out[:n])
+
+
+def test_varlen_handed_back(ext):
+    """int64 or host-list offsets, offsets of different lengths: the Python
+    path (which converts, or raises its error)."""
+    q, k, v = (rand((1, 12, 2, 16), "f32", s)[0] for s in range(3))
+    c3 = torch.tensor([0, 5, 12], dtype=torch.int32)
+    c4 = torch.tensor([0, 5, 6, 12], dtype=torch.int32)
+    want = python_path(lambda: fmha.varlen_attention(q, k, v, c3, c3, None, None))
+    for cu in (torch.tensor([0, 5, 12]), [0, 5, 12]):
+        assert torch.equal(fmha.varlen_attention(q, k, v, cu, cu, None, None), want)
+    with pytest.raises(ValueError, match="entries"):
+        fmha.varlen_attention(q, k, v, c3, c4, None, None)
+    with pytest.raises(ValueError):
+        fmha.varlen_attention(q, k, v, c3, c3, 2, 7)  # a sequence longer than its bound
+
+
 def test_flash_attn_func_takes_it(ext, python_only):
     q, k, v = (rand((2, 11, 4, 16), "bf16", s) for s in range(3))
     out = fmha.flash_attn_func(q, k, v, causal=True)

@@ -1,7 +1,8 @@
-/* torch_ext.cpp — fmha.attention's compiled path for torch tensors (the
- * fmha_torch_ext module that fmha/torch_ext.py builds against the installed
- * torch). One function, attention(), takes the call as fmha.attention got it
- * and runs it on libfmha when it is the common case: plain CPU or CUDA
+/* torch_ext.cpp — the compiled path of fmha.attention and
+ * fmha.varlen_attention for torch tensors (the fmha_torch_ext module that
+ * fmha/torch_ext.py builds against the installed torch). attention() and
+ * varlen_attention() take the call as the Python function got it and run
+ * it on libfmha when it is the common case: plain CPU or CUDA
  * tensors that autograd would not record, f32/f16/bf16, no dropout, no
  * out=, descales or score modifiers, no torch dispatch or function mode. It
  * returns None for any other call, and for any call libfmha refuses, so that
@@ -97,8 +98,8 @@ fmha_layer *kept_layer(const fmha_config &cfg, int device, const std::string &kn
 
 /* A tensor the library can read as it is: plain (no subclass, functorch
  * wrapper, lazy negation or conjugation), strided, on the CPU or a CUDA
- * device, 4-d with the last dim contiguous and no negative stride. */
-bool plain_tensor(PyObject *obj, at::Tensor &t)
+ * device, `ndim`-d with the last dim contiguous and no negative stride. */
+bool plain_tensor(PyObject *obj, at::Tensor &t, int ndim = 4)
 {
     if (!THPVariable_Check(obj))
         return false;
@@ -110,9 +111,9 @@ bool plain_tensor(PyObject *obj, at::Tensor &t)
         return false;
     if (!t.device().is_cpu() && !t.device().is_cuda())
         return false;
-    if (t.dim() != 4 || (t.stride(3) != 1 && t.size(3) > 1))
+    if (t.dim() != ndim || (t.stride(ndim - 1) != 1 && t.size(ndim - 1) > 1))
         return false;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < ndim; i++)
         if (t.stride(i) < 0)
             return false;
     return true;
@@ -128,19 +129,22 @@ bool dtype_of(const at::Tensor &t, fmha_dtype &d)
     }
 }
 
+/* [B, S, H, D] as it is; packed [T, H, D] as batch 1 (fmha_tensor_packed's
+ * convention). */
 fmha_tensor view(const at::Tensor &t, fmha_dtype d)
 {
+    const int o = t.dim() == 4 ? 1 : 0; /* dims before the sequence's */
     fmha_tensor v;
     std::memset(&v, 0, sizeof v);
     v.data = t.data_ptr();
     v.dtype = d;
-    v.batch = t.size(0);
-    v.seqlen = t.size(1);
-    v.heads = t.size(2);
-    v.head_dim = t.size(3);
-    v.stride_batch = t.stride(0);
-    v.stride_seq = t.stride(1);
-    v.stride_head = t.stride(2);
+    v.batch = o ? t.size(0) : 1;
+    v.seqlen = t.size(o);
+    v.heads = t.size(o + 1);
+    v.head_dim = t.size(o + 2);
+    v.stride_batch = o ? t.stride(0) : 0;
+    v.stride_seq = t.stride(o);
+    v.stride_head = t.stride(o + 1);
     v.stride_dim = 1;
     return v;
 }
@@ -204,68 +208,143 @@ bool unobserved(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
            !at::impl::torch_function_mode_enabled();
 }
 
-py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle causal,
-                     py::handle scale, py::handle window, py::handle softcap, py::handle return_lse)
-{
+/* One call's inputs: q, k, v checked (`ndim`-d, one dtype, one device, no
+ * observer), their dtype, the config of their shape and the options; false
+ * for a call the Python path takes. */
+struct Call {
     at::Tensor q, k, v;
-    fmha_dtype dtype, kd, vd;
-    if (!lib.layer_forward || !plain_tensor(qo.ptr(), q) || !plain_tensor(ko.ptr(), k) ||
-        !plain_tensor(vo.ptr(), v) || !PyBool_Check(return_lse.ptr()))
-        return py::none();
-    if (!dtype_of(q, dtype) || !dtype_of(k, kd) || !dtype_of(v, vd) || kd != dtype || vd != dtype)
-        return py::none();
-    if (k.device() != q.device() || v.device() != q.device() || !unobserved(q, k, v))
-        return py::none();
-    const int64_t B = q.size(0), Sq = q.size(1), H = q.size(2), D = q.size(3);
-    const int64_t Sk = k.size(1), Hkv = k.size(2), Dv = v.size(3);
-    if (B == 0 || Sq == 0 || Sk == 0 || H == 0 || Hkv == 0 || D == 0 || Dv == 0)
-        return py::none(); /* the Python path answers empty calls */
-
+    fmha_dtype dtype;
     fmha_config cfg;
-    std::memset(&cfg, 0, sizeof cfg);
-    lib.config_init(&cfg, H, Hkv, D);
-    cfg.head_dim_v = Dv;
-    cfg.dtype = dtype;
-    if (!options(cfg, causal, scale, window, softcap))
-        return py::none();
-    const bool cuda = q.device().is_cuda();
+    int device; /* CUDA ordinal, -1 for the CPU */
+};
+
+bool prepare(Call &c, int ndim, py::handle qo, py::handle ko, py::handle vo, py::handle causal,
+             py::handle scale, py::handle window, py::handle softcap, py::handle return_lse)
+{
+    fmha_dtype kd, vd;
+    if (!lib.layer_forward || !plain_tensor(qo.ptr(), c.q, ndim) ||
+        !plain_tensor(ko.ptr(), c.k, ndim) || !plain_tensor(vo.ptr(), c.v, ndim) ||
+        !PyBool_Check(return_lse.ptr()))
+        return false;
+    if (!dtype_of(c.q, c.dtype) || !dtype_of(c.k, kd) || !dtype_of(c.v, vd) || kd != c.dtype ||
+        vd != c.dtype)
+        return false;
+    if (c.k.device() != c.q.device() || c.v.device() != c.q.device() || !unobserved(c.q, c.k, c.v))
+        return false;
+    for (const at::Tensor *t : {&c.q, &c.k, &c.v})
+        if (t->numel() == 0)
+            return false; /* the Python path answers empty calls */
+    const int o = ndim - 3;
+    std::memset(&c.cfg, 0, sizeof c.cfg);
+    lib.config_init(&c.cfg, c.q.size(o + 1), c.k.size(o + 1), c.q.size(o + 2));
+    c.cfg.head_dim_v = c.v.size(o + 2);
+    c.cfg.dtype = c.dtype;
+    if (!options(c.cfg, causal, scale, window, softcap))
+        return false;
+    const bool cuda = c.q.device().is_cuda();
 #ifndef FMHA_EXT_CUDA
     if (cuda)
-        return py::none();
+        return false;
 #endif
-    cfg.device = cuda ? FMHA_DEVICE_CUDA : FMHA_DEVICE_CPU;
-    const int device = cuda ? q.device().index() : -1;
+    c.cfg.device = cuda ? FMHA_DEVICE_CUDA : FMHA_DEVICE_CPU;
+    c.device = cuda ? c.q.device().index() : -1;
+    return true;
+}
 
-    at::Tensor out = at::empty({B, Sq, H, Dv}, q.options());
-    const bool want_lse = return_lse.ptr() == Py_True;
-    at::Tensor lse = want_lse ? at::empty({B, H, Sq}, q.options().dtype(at::kFloat)) : at::Tensor();
-
-    fmha_forward_args a;
-    std::memset(&a, 0, sizeof a);
-    a.q = view(q, dtype);
-    a.k = view(k, dtype);
-    a.v = view(v, dtype);
-    a.out = view(out, dtype);
-    a.lse = want_lse ? lse.data_ptr<float>() : nullptr;
+/* Runs a (out, lse filled in) on the call's device and the current stream;
+ * false where libfmha refuses. */
+bool run(const Call &c, fmha_forward_args &a)
+{
     const std::string knobs = knob_values(); /* under the GIL, as os.environ changes */
-    fmha_status st;
-    {
 #ifdef FMHA_EXT_CUDA
-        c10::cuda::OptionalCUDAGuard guard;
-        if (cuda) {
-            guard.set_device(q.device());
-            a.stream = c10::cuda::getCurrentCUDAStream(device).stream();
-        }
-#endif
-        py::gil_scoped_release nogil;
-        fmha_layer *layer = kept_layer(cfg, device, knobs);
-        st = layer ? lib.layer_forward(layer, &a) : FMHA_STATUS_INVALID_ARGUMENT;
+    c10::cuda::OptionalCUDAGuard guard;
+    if (c.device >= 0) {
+        guard.set_device(c.q.device());
+        a.stream = c10::cuda::getCurrentCUDAStream(c.device).stream();
     }
-    if (st != FMHA_STATUS_OK)
-        return py::none();
+#endif
+    py::gil_scoped_release nogil;
+    fmha_layer *layer = kept_layer(c.cfg, c.device, knobs);
+    return layer && lib.layer_forward(layer, &a) == FMHA_STATUS_OK;
+}
+
+py::object result(const at::Tensor &out, const at::Tensor &lse, bool want_lse)
+{
     if (want_lse)
         return py::make_tuple(out, lse);
     return py::cast(out);
+}
+
+/* fmha.attention(q, k, v, causal=, softmax_scale=, window=, softcap=,
+ * return_lse=) for padded q, k, v [B, S, H, D]: out, or (out, lse); None
+ * for a call the Python path takes. */
+py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle causal,
+                     py::handle scale, py::handle window, py::handle softcap, py::handle return_lse)
+{
+    Call c;
+    if (!prepare(c, 4, qo, ko, vo, causal, scale, window, softcap, return_lse))
+        return py::none();
+    const int64_t B = c.q.size(0), Sq = c.q.size(1), H = c.q.size(2), Dv = c.v.size(3);
+    const bool want_lse = return_lse.ptr() == Py_True;
+    at::Tensor out = at::empty({B, Sq, H, Dv}, c.q.options());
+    at::Tensor lse =
+        want_lse ? at::empty({B, H, Sq}, c.q.options().dtype(at::kFloat)) : at::Tensor();
+    fmha_forward_args a;
+    std::memset(&a, 0, sizeof a);
+    a.q = view(c.q, c.dtype);
+    a.k = view(c.k, c.dtype);
+    a.v = view(c.v, c.dtype);
+    a.out = view(out, c.dtype);
+    a.lse = want_lse ? lse.data_ptr<float>() : nullptr;
+    return run(c, a) ? result(out, lse, want_lse) : py::none();
+}
+
+/* Offsets as libfmha reads them: int32, contiguous, 1-d, on q's device. */
+bool offsets(py::handle obj, const at::Tensor &q, at::Tensor &t)
+{
+    if (!plain_tensor(obj.ptr(), t, 1) || t.scalar_type() != at::kInt || !t.is_contiguous() ||
+        t.device() != q.device())
+        return false;
+    return true;
+}
+
+/* A bound: None (0: libfmha finds it) or an int. */
+bool bound(py::handle obj, int64_t &x)
+{
+    x = 0;
+    return obj.is_none() || int64(obj.ptr(), x);
+}
+
+/* fmha.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+ * max_seqlen_k, causal=, ...) for packed q, k, v [T, H, D]: out [Tq, H, Dv]
+ * (rows past the last sequence unwritten, as on the Python path), or (out,
+ * lse [H, Tq]); None for a call the Python path takes. */
+py::object varlen_attention(py::handle qo, py::handle ko, py::handle vo, py::handle cuqo,
+                            py::handle cuko, py::handle maxqo, py::handle maxko, py::handle causal,
+                            py::handle scale, py::handle window, py::handle softcap,
+                            py::handle return_lse)
+{
+    Call c;
+    at::Tensor cuq, cuk;
+    fmha_forward_args a;
+    std::memset(&a, 0, sizeof a);
+    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse) ||
+        !offsets(cuqo, c.q, cuq) || !offsets(cuko, c.q, cuk) || cuq.numel() != cuk.numel() ||
+        cuq.numel() < 2 || !bound(maxqo, a.max_seqlen_q) || !bound(maxko, a.max_seqlen_k))
+        return py::none();
+    const int64_t Tq = c.q.size(0), H = c.q.size(1), Dv = c.v.size(2);
+    const bool want_lse = return_lse.ptr() == Py_True;
+    at::Tensor out = at::empty({Tq, H, Dv}, c.q.options());
+    at::Tensor lse = want_lse ? at::empty({H, Tq}, c.q.options().dtype(at::kFloat)) : at::Tensor();
+    a.q = view(c.q, c.dtype);
+    a.k = view(c.k, c.dtype);
+    a.v = view(c.v, c.dtype);
+    a.out = view(out, c.dtype);
+    a.lse = want_lse ? lse.data_ptr<float>() : nullptr;
+    a.cu_seqlens_q = cuq.data_ptr<int32_t>();
+    a.cu_seqlens_k = cuk.data_ptr<int32_t>();
+    a.varlen_batch = cuq.numel() - 1;
+    return run(c, a) ? result(out, lse, want_lse) : py::none();
 }
 
 /* The library's functions by address (fmha/_lib.py's), and the names of the
@@ -287,6 +366,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("bind", &bind);
     m.def("sizes", [] { return py::make_tuple(sizeof(fmha_config), sizeof(fmha_forward_args)); });
     m.def("attention", &attention);
+    m.def("varlen_attention", &varlen_attention);
 #ifdef FMHA_EXT_CUDA
     m.attr("cuda") = true;
 #else

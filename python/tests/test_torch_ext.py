@@ -309,3 +309,31 @@ def test_cuda(ext, python_only, dtype):
     want, want_lse = ref.attention(f64(q.cpu()), f64(k.cpu()), f64(v.cpu()), causal=True)
     ref.assert_close(f64(out.cpu()), want, dtype)
     ref.assert_lse(f64(lse.cpu()), want_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bounds", [False, True])
+def test_cuda_varlen(ext, bounds, monkeypatch):
+    """Packed CUDA calls on a side stream, with the bounds (no host copy of
+    the offsets) and without, against the reference and the Python path."""
+    if not ext.cuda:
+        pytest.skip("fmha.torch_ext was built without CUDA (no CUDA_HOME at build time)")
+    cq, ck = [0, 70, 70, 211], [0, 33, 190, 260]
+    q = rand((1, 215, 8, 64), "bf16", 1)[0].cuda()
+    k = rand((1, 260, 4, 64), "bf16", 2)[0].cuda()
+    v = rand((1, 260, 4, 64), "bf16", 3)[0].cuda()
+    cuq, cuk = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cq, ck))
+    mq, mk = (141, 157) if bounds else (None, None)
+    monkeypatch.setattr(_api, "_varlen_attention", lambda *a: pytest.fail("Python path"))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out, lse = fmha.varlen_attention(q, k, v, cuq, cuk, mq, mk, causal=True, return_lse=True)
+    s.synchronize()
+    monkeypatch.undo()
+    n = cq[-1]
+    want, want_lse = ref.varlen_attention(f64(q.cpu()), f64(k.cpu()), f64(v.cpu()),
+                                          np.array(cq), np.array(ck), causal=True)
+    ref.assert_close(f64(out.cpu())[:n], want[:n], "bf16")
+    ref.assert_lse(f64(lse.cpu())[:, :n], want_lse[:, :n])
+    p_out = python_path(lambda: fmha.varlen_attention(q, k, v, cuq, cuk, mq, mk, causal=True))
+    assert torch.equal(out[:n], p_out[:n])

@@ -1,11 +1,13 @@
 #!/bin/sh
 # test_cli_mpi.sh — `mpirun -np N fmha run|bench --sp-ulysses U --sp-ring R`
 # end to end on 2 and 4 CPU ranks: Ulysses, ring and both, MHA and GQA,
-# causal (zigzag tokens too), dropout, a file in and out, packed sequences,
+# causal (zigzag tokens too), dropout, joint text tokens front and rear, a
+# file in and out, packed sequences,
 # the gathered output checked by the command against one process's forward
 # (and the float64 reference), bench's bytes per rank; and the refusals (U x
 # R not the ranks, no mpirun, heads that U does not divide, cross-attention
-# padded or packed, packed offsets past the tensors, a rank that fails
+# padded or packed, packed offsets past the tensors, joint tokens that are
+# the whole sequence, packed, without mpirun or misspelt, a rank that fails
 # alone), each printed once, by rank 0, with every rank exiting non-zero.
 # Usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [MPIEXEC FLAGS...]
 FMHA=${1:?usage: test_cli_mpi.sh FMHA MPIEXEC NUMPROC_FLAG [FLAGS...]}
@@ -68,6 +70,16 @@ ranks 0 -- mpi 2 run --model llama3-8b --seqlen 83 --sp-ring 2 --sp-layout zigza
 has "ulysses 1 x ring 2 on 2 CPU ranks, zigzag tokens"
 has "$SP_OK"
 has "$LSE_OK"
+# Joint text tokens (--sp-joint): every rank holds them, front or rear; the
+# whole output, text rows included, against one process's forward.
+ranks 0 -- mpi 2 run --model flux-1024 --seqlen 100 --sp-ulysses 2 --sp-joint front:13
+has "ulysses 2 x ring 1 on 2 CPU ranks, 13 text tokens at the front"
+has "$SP_OK"
+has "$LSE_OK"
+ranks 0 -- mpi 2 run --model llama3-8b --seqlen 83 --sp-ring 2 --sp-layout zigzag --sp-joint rear:9 --dtype f32
+has "zigzag tokens, 9 text tokens at the rear"
+has "$SP_OK"
+has "$LSE_OK"
 "$FMHA" run --model lumina2 --seqlen 90 --causal -o "$T/in.safetensors" >/dev/null 2>&1
 ranks 0 -- mpi 2 run "$T/in.safetensors" --check --sp-ring 2 -o "$T/out.safetensors"
 has "all rows against the float64 reference.*: ok"
@@ -88,6 +100,9 @@ if command -v python3 >/dev/null 2>&1; then
     ranks 1 -- mpi 2 run "$T/cross.safetensors" --sp-ring 2 -o "$T/cross_out.safetensors"
     has "cu_seqlens_q\[1\] = 20 and cu_seqlens_k\[1\] = 25 differ (cross-attention)"
     [ ! -e "$T/cross_out.safetensors" ] && ok || bad "a refused packed run wrote its OUT"
+    ranks 1 -- mpi 2 run "$T/packed.safetensors" --sp-ring 2 --sp-joint front:4 -o "$T/pj.safetensors"
+    has "fmha: --sp-joint: packed sequences take no joint tokens"
+    [ ! -e "$T/pj.safetensors" ] && ok || bad "a refused joint run wrote its OUT"
     python3 "$SRC/tests/make_packed.py" "$T/past.safetensors" past && ok || bad "make_packed.py past"
     ranks 1 -- mpi 2 run "$T/past.safetensors" --sp-ring 2 -o "$T/past_out.safetensors"
     has "cu_seqlens_q\\[4\\] = 60: packed offsets start at 0, never decrease and end at the 58 tokens of q"
@@ -121,6 +136,9 @@ ranks 0 -- mpi 4 run --model llama3-8b --seqlen 50 --sp-ulysses 2 --sp-ring 2 --
 has "$SP_OK"
 ranks 0 -- mpi 4 run --model llama3-8b --seqlen 61 --sp-ring 4 --sp-layout zigzag
 has "$SP_OK"
+ranks 0 -- mpi 4 run --model flux-1024 --seqlen 61 --sp-ulysses 2 --sp-ring 2 --sp-joint front:5 --dropout 0.1 --seed 4
+has "$SP_OK"
+has "$LSE_OK"
 if [ -f "$T/packed.safetensors" ]; then
     ranks 0 -- mpi 4 run "$T/packed.safetensors" --causal --sp-ulysses 2 --sp-ring 2 -o "$T/p4.safetensors"
     has "$SP_OK"
@@ -141,6 +159,12 @@ ranks 1 -- mpi 4 run --model z-image-1024 --seqlen 64 --sp-ulysses 4
 has "num_heads (30) is not divisible by ulysses (4)"
 ranks 1 -- mpi 4 run --model wan-cross --seqlen 64 --sp-ring 4
 has "but q has 64 tokens and k, v 512 (cross-attention)"
+ranks 1 -- mpi 2 run --model flux-1024 --seqlen 64 --sp-ring 2 --sp-joint rear:64
+has "fmha: --sp-joint rear:64: the text tokens must be fewer than the sequence's 64"
+ranks 2 -- "$FMHA" run --model flux-1024 --seqlen 64 --sp-joint front:8
+has "fmha: --sp-joint splits the tokens of a sequence-parallel run"
+ranks 2 -- "$FMHA" run --model flux-1024 --seqlen 64 --sp-joint middle:8
+has "sp-joint 'middle:8' is neither front:N nor rear:N"
 # A rank that fails alone (its input file is missing): rank 0 says which.
 # shellcheck disable=SC2086
 ranks 1 -- $TIMEOUT "$MPIEXEC" $FLAGS -x OMP_NUM_THREADS=1 \

@@ -71,6 +71,25 @@ int main(void)
     TU_CHECK(rc == CLI_PARSE_ERROR &&
                  strstr(err, "--sp-layout 'spiral' is neither contiguous nor zigzag"),
              "--sp-layout spiral: rc %d, \"%s\"", rc, err);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-joint", "rear:77"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_joint == FMHA_SP_JOINT_REAR && o.sp_joint_tokens == 77,
+             "--sp-joint rear:77: rc %d, joint %d, tokens %lld, \"%s\"", rc, (int)o.sp_joint,
+             (long long)o.sp_joint_tokens, err);
+    rc = parse(&o, err, sizeof err, WORDS("--sp-joint", "front:1"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_joint == FMHA_SP_JOINT_FRONT && o.sp_joint_tokens == 1,
+             "--sp-joint front:1: rc %d, joint %d", rc, (int)o.sp_joint);
+    rc = parse(&o, err, sizeof err, WORDS("--seqlen", "64"));
+    TU_CHECK(rc == CLI_PARSE_OK && o.sp_joint == FMHA_SP_JOINT_NONE && !o.sp_joint_tokens,
+             "--sp-joint left out: joint %d", (int)o.sp_joint);
+    const char *bad_joint[][2] = {{"front:0", "--sp-joint's token count 0 is out of range"},
+                                  {"rear:", "--sp-joint's token count '' is not an integer"},
+                                  {"front:3x", "--sp-joint's token count '3x' is not an integer"},
+                                  {"7", "--sp-joint '7' is neither front:N nor rear:N"}};
+    for (int i = 0; i < 4; i++) {
+        rc = parse(&o, err, sizeof err, WORDS("--sp-joint", bad_joint[i][0]));
+        TU_CHECK(rc == CLI_PARSE_ERROR && strstr(err, bad_joint[i][1]),
+                 "--sp-joint %s: rc %d, \"%s\"", bad_joint[i][0], rc, err);
+    }
     rc = parse(&o, err, sizeof err, WORDS("--sp-ring", "2x"));
     TU_CHECK(rc == CLI_PARSE_ERROR && strstr(err, "--sp-ring '2x' is not an integer"),
              "--sp-ring 2x: rc %d, \"%s\"", rc, err);

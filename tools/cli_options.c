@@ -126,7 +126,8 @@ enum {
     OPT_BACKWARD,
     OPT_SP_ULYSSES,
     OPT_SP_RING,
-    OPT_SP_LAYOUT
+    OPT_SP_LAYOUT,
+    OPT_SP_JOINT
 };
 
 int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t errlen)
@@ -158,6 +159,7 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
                                              {"sp-ulysses", required_argument, 0, OPT_SP_ULYSSES},
                                              {"sp-ring", required_argument, 0, OPT_SP_RING},
                                              {"sp-layout", required_argument, 0, OPT_SP_LAYOUT},
+                                             {"sp-joint", required_argument, 0, OPT_SP_JOINT},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     set_err(err, errlen, "%s", "");
@@ -289,6 +291,22 @@ int cli_parse_options(int argc, char **argv, cli_options *o, char *err, size_t e
                     "ring: fmha_sp_layout)",
                     optarg);
             return CLI_PARSE_ERROR;
+        case OPT_SP_JOINT: {
+            const int front = !strncmp(optarg, "front:", 6), rear = !strncmp(optarg, "rear:", 5);
+            if (!front && !rear) {
+                set_err(err, errlen,
+                        "--sp-joint '%s' is neither front:N nor rear:N (N text tokens that every "
+                        "rank holds whole, before or after the distributed ones: fmha_sp_joint)",
+                        optarg);
+                return CLI_PARSE_ERROR;
+            }
+            if (parse_int(optarg + (front ? 6 : 5), "--sp-joint's token count", 1, INT32_MAX, &v,
+                          err, errlen))
+                return CLI_PARSE_ERROR;
+            o->sp_joint = front ? FMHA_SP_JOINT_FRONT : FMHA_SP_JOINT_REAR;
+            o->sp_joint_tokens = v;
+            break;
+        }
         case 'h': return CLI_PARSE_HELP;
         default: return CLI_PARSE_GETOPT;
         }

@@ -54,7 +54,8 @@ enum {
  * --dtype was given). Strings point into argv. After a successful parse:
  * seqlen, seqlen_k, batch 0 or in [1, 2^31 - 1]; heads, kv_heads, head_dim
  * 0 or in [1, 65536]; windows in [-1, 2^31 - 1]; threads in [0, 4096]; iters
- * 0 or in [1, 10^6]; sp_ulysses, sp_ring 0 or in [1, 65536]; scale, softcap
+ * 0 or in [1, 10^6]; sp_ulysses, sp_ring 0 or in [1, 65536]; sp_joint_tokens
+ * in [1, 2^31 - 1] where sp_joint is set; scale, softcap
  * and dropout finite (their ranges are the library's to check); seed any
  * uint64. */
 typedef struct cli_options {
@@ -72,6 +73,8 @@ typedef struct cli_options {
     int sp_ulysses, sp_ring;  /* sequence-parallel degrees under mpirun (tools/sp_cli.h) */
     fmha_sp_layout sp_layout; /* --sp-layout contiguous (default) or zigzag */
     int sp_layout_set;
+    fmha_sp_joint sp_joint; /* --sp-joint front:N or rear:N: N text tokens on every rank */
+    int64_t sp_joint_tokens;
     unsigned given; /* OPTION_* bits: set on the command line (a file's metadata fills the rest) */
 } cli_options;
 

@@ -48,7 +48,9 @@ static const char usage_text[] =
     "      mpirun -np N fmha run ... --sp-ulysses U --sp-ring R (U x R = N) runs it\n"
     "      sequence-parallel on CPU ranks (docs/sequence_parallel.md): rank 0 prints, and\n"
     "      checks every row of the gathered output against one process's forward;\n"
-    "      --sp-layout zigzag deals the ring's tokens in 2R chunks (a causal ring balanced).\n"
+    "      --sp-layout zigzag deals the ring's tokens in 2R chunks (a causal ring balanced);\n"
+    "      --sp-joint front:N (or rear:N) makes the sequence's first (last) N tokens text that\n"
+    "      every rank holds whole, joined to the distributed ones (Flux, SD3, HunyuanVideo).\n"
     "  bench [--model PRESET | --batch B --seqlen S [--seqlen-k S] --heads H --kv-heads HK\n"
     "      --head-dim D] [--dtype f32|f16|bf16|fp8] [--causal] [--device cpu|cuda] [--threads N]\n"
     "      [--iters N] [--json] [--backward]   (no shape: [1, 2048, 16, 128] in f32 and bf16)\n"
@@ -315,10 +317,14 @@ static int timed_forward(cli_sp *sp, const fmha_config *cfg, const fmha_forward_
 
 static void sp_print_summary(const cli_sp *sp, int64_t sent)
 {
-    printf("sequence parallel: ulysses %d x ring %d on %d CPU ranks%s (the time is the slowest "
+    char text[64] = "";
+    if (sp->joint)
+        snprintf(text, sizeof text, ", %lld text tokens at the %s", (long long)sp->joint_tokens,
+                 sp->joint == FMHA_SP_JOINT_FRONT ? "front" : "rear");
+    printf("sequence parallel: ulysses %d x ring %d on %d CPU ranks%s%s (the time is the slowest "
            "rank's), %.3g MB sent per rank (the most)\n",
            sp->ulysses, sp->ring, sp->ranks,
-           sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? ", zigzag tokens" : "", (double)sent * 1e-6);
+           sp->layout == FMHA_SP_LAYOUT_ZIGZAG ? ", zigzag tokens" : "", text, (double)sent * 1e-6);
 }
 
 /* Rank 0 of a sequence-parallel run: the same forward in this process alone,
@@ -903,6 +909,25 @@ done:
     return rc;
 }
 
+/* cli_sp_setup with the command line's degrees and layout, and its joint
+ * tokens, which only a sequence-parallel run takes. */
+static int sp_setup(cli_sp *sp, const options *o, const char *command)
+{
+    const int rc = cli_sp_setup(sp, o->sp_ulysses, o->sp_ring, o->sp_layout, command);
+    if (rc)
+        return rc;
+    if (o->sp_joint && !sp->on) {
+        fprintf(stderr,
+                "fmha: --sp-joint splits the tokens of a sequence-parallel %s: give it with "
+                "`mpirun -np N fmha %s ... --sp-ulysses U --sp-ring R` (U x R = N > 1)\n",
+                command, command);
+        return EXIT_USAGE;
+    }
+    sp->joint = o->sp_joint;
+    sp->joint_tokens = o->sp_joint_tokens;
+    return 0;
+}
+
 static int cmd_run(cli_sp *sp, int argc, char **argv)
 {
     options o;
@@ -926,7 +951,7 @@ static int cmd_run(cli_sp *sp, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    const int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, o.sp_layout, "run");
+    const int rc = sp_setup(sp, &o, "run");
     if (rc)
         return rc;
     return o.input ? run_file(&o, sp) : run_model(&o, sp);
@@ -1381,7 +1406,7 @@ static int cmd_bench(cli_sp *sp, int argc, char **argv)
         fprintf(stderr, "fmha: bench takes no input file\n");
         return EXIT_USAGE;
     }
-    int rc = cli_sp_setup(sp, o.sp_ulysses, o.sp_ring, o.sp_layout, "bench");
+    int rc = sp_setup(sp, &o, "bench");
     if (rc)
         return rc;
     if (sp->on && o.backward) {
@@ -1445,9 +1470,9 @@ static int cmd_accuracy(int argc, char **argv)
     const int parsed = parse_options(argc, argv, &o);
     if (parsed)
         return parsed > 0 ? 0 : EXIT_USAGE;
-    if (o.sp_ulysses || o.sp_ring || o.sp_layout_set) {
-        fprintf(stderr,
-                "fmha: --sp-ulysses, --sp-ring and --sp-layout are options of run and bench\n");
+    if (o.sp_ulysses || o.sp_ring || o.sp_layout_set || o.sp_joint) {
+        fprintf(stderr, "fmha: --sp-ulysses, --sp-ring, --sp-layout and --sp-joint are options of "
+                        "run and bench\n");
         return EXIT_USAGE;
     }
     if (o.input) {

@@ -67,6 +67,15 @@ static void move_tokens(const fmha_forward_args *whole, const fmha_sp_args *part
     }
 }
 
+/* Rows [row, row + n) of t, as a tensor of n rows. */
+static fmha_tensor rows_of(const fmha_tensor *t, int64_t row, int64_t n)
+{
+    fmha_tensor v = *t;
+    v.data = (char *)t->data + row * t->stride_seq * (int64_t)fmha_dtype_size(t->dtype);
+    v.seqlen = n;
+    return v;
+}
+
 /* Room for a rank's runs: two per sequence (a zigzag slot's two chunks). */
 static int runs_alloc(cli_sp_shard *sh, const fmha_forward_args *w)
 {
@@ -89,8 +98,8 @@ static int64_t runs_of(cli_sp_shard *sh, const fmha_forward_args *w, int rank)
     int64_t total = 0;
     sh->nseg = 0;
     for (int64_t b = 0; b < nseq; b++) {
-        const int64_t s0 = w->cu_seqlens_q ? w->cu_seqlens_q[b] : 0;
-        const int64_t s = w->cu_seqlens_q ? w->cu_seqlens_q[b + 1] - s0 : w->q.seqlen;
+        const int64_t s0 = w->cu_seqlens_q ? w->cu_seqlens_q[b] : sh->dist0;
+        const int64_t s = w->cu_seqlens_q ? w->cu_seqlens_q[b + 1] - s0 : sh->a.seqlen;
         int64_t start[2], len[2];
         int n;
         const fmha_status st = fmha_sp_tokens(&sh->sp, s, rank, start, len, &n);
@@ -174,6 +183,20 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
                 (long long)w->q.seqlen, (long long)w->k.seqlen);
         return 1;
     }
+    if (s->joint && (w->cu_seqlens_q || s->joint_tokens >= w->q.seqlen)) {
+        fprintf(stderr,
+                w->cu_seqlens_q
+                    ? "fmha: --sp-joint: packed sequences take no joint tokens (fmha_sp_args); "
+                      "run them without it\n"
+                    : "fmha: --sp-joint %s:%lld: the text tokens must be fewer than the "
+                      "sequence's %lld, the rest being distributed\n",
+                s->joint == FMHA_SP_JOINT_FRONT ? "front" : "rear", (long long)s->joint_tokens,
+                (long long)w->q.seqlen);
+        return 1;
+    }
+    const int64_t text = s->joint ? s->joint_tokens : 0;
+    sh->dist0 = s->joint == FMHA_SP_JOINT_FRONT ? text : 0;
+    sh->a.seqlen = w->q.seqlen - text;
     fmha_sp_config_init(&sh->sp, s->ulysses, s->ring);
     sh->sp.layout = s->layout;
     if (runs_alloc(sh, w))
@@ -182,14 +205,23 @@ int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args
     if (n < 0)
         return 1;
     const size_t bytes = lay_out(sh, w, NULL, n);
-    sh->mem = malloc(bytes ? bytes : 1);
+    const size_t lse_text = w->lse ? sizeof(float) * (size_t)(w->q.batch * w->q.heads * text) : 0;
+    sh->mem = malloc(bytes + lse_text ? bytes + lse_text : 1);
     if (!sh->mem) {
         fprintf(stderr, "fmha: out of memory for rank %d's %lld tokens (%zu bytes)\n", s->rank,
-                (long long)n, bytes);
+                (long long)n, bytes + lse_text);
         return 1;
     }
     lay_out(sh, w, sh->mem, n);
-    sh->a.seqlen = w->q.seqlen;
+    if (text) { /* the text: the whole's own rows, out written in place on every rank */
+        const int64_t t0 = s->joint == FMHA_SP_JOINT_FRONT ? 0 : sh->a.seqlen;
+        sh->a.joint = s->joint;
+        sh->a.q_joint = rows_of(&w->q, t0, text);
+        sh->a.k_joint = rows_of(&w->k, t0, text);
+        sh->a.v_joint = rows_of(&w->v, t0, text);
+        sh->a.out_joint = rows_of(&w->out, t0, text);
+        sh->a.lse_joint = lse_text ? (float *)((char *)sh->mem + bytes) : NULL;
+    }
     sh->a.seed = w->seed;
     sh->a.offset = w->offset;
     if (w->cu_seqlens_q) {
@@ -477,6 +509,8 @@ int cli_sp_gather(cli_sp *s, const cli_sp_shard *sh, const fmha_forward_args *w)
     cli_sp_shard other;
     memset(&other, 0, sizeof other);
     other.sp = sh->sp;
+    other.dist0 = sh->dist0;
+    other.a.seqlen = sh->a.seqlen;
     int64_t most = 0;
     int rc = 0;
     if (s->rank == 0)
@@ -505,6 +539,11 @@ int cli_sp_gather(cli_sp *s, const cli_sp_shard *sh, const fmha_forward_args *w)
         return 0;
     }
     move_tokens(w, &sh->a, sh->start, sh->len, sh->nseg, 0);
+    if (sh->a.lse_joint) { /* the text's out is in place already, its LSE is not */
+        const int64_t t0 = sh->a.joint == FMHA_SP_JOINT_FRONT ? 0 : sh->a.seqlen;
+        const int64_t text = sh->a.out_joint.seqlen;
+        copy_lse(w->lse, w->q.seqlen, t0, sh->a.lse_joint, text, 0, w->q.batch * w->q.heads, text);
+    }
     for (int r = 1; r < s->ranks; r++) {
         const int64_t n = runs_of(&other, w, r);
         lay_out(&other, w, other.mem, n);

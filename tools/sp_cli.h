@@ -40,6 +40,8 @@ typedef struct cli_sp {
     int rank, ranks; /* 0 and 1 outside MPI */
     int ulysses, ring;
     fmha_sp_layout layout; /* of the ring's tokens */
+    fmha_sp_joint joint;   /* text tokens every rank holds (--sp-joint), set by the command */
+    int64_t joint_tokens;
     fmha_comm *comm;
     int mpi;     /* MPI was started here (an MPI launcher started the process) */
     int settled; /* a failure was agreed on, with this exit status: */
@@ -75,15 +77,19 @@ int cli_sp_end(cli_sp *s, int rc);
 typedef struct cli_sp_shard {
     fmha_sp_config sp;
     fmha_sp_args a;       /* q, k, v, out [batch, n, heads, d], lse [batch, heads, n] when the
-                       whole problem has one; seqlen, seed, offset, cu_seqlens of the whole */
+                       whole problem has one; seqlen, seed, offset, cu_seqlens of the whole;
+                       joint tokens: views of the whole's rows, lse_joint its own */
     int64_t *start, *len; /* the whole's rows start[i] .. start[i] + len[i], in order */
     int64_t nseg, cap;    /* runs, and room for */
+    int64_t dist0;        /* the whole's first distributed row (after front text tokens) */
     void *mem;
 } cli_sp_shard;
 
 /* Refuses q of another length than k, and packed q and k of other
- * sequences (the sequences are split once, for q, k and v alike). Returns 0,
- * or 1 with a message. */
+ * sequences (the sequences are split once, for q, k and v alike). With
+ * s->joint, the whole's first (front) or last (rear) s->joint_tokens rows
+ * are text tokens that every rank holds (a padded batch, fewer than the
+ * whole's tokens). Returns 0, or 1 with a message. */
 int cli_sp_shard_init(const cli_sp *s, cli_sp_shard *sh, const fmha_forward_args *whole);
 void cli_sp_shard_free(cli_sp_shard *sh);
 

@@ -129,7 +129,8 @@ class CtypesMirrors(unittest.TestCase):
         spec = importlib.util.spec_from_file_location(
             "fmha_lib_structs",
             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "fmha", "_lib.py"))
-        src = open(spec.origin).read()
+        with open(spec.origin) as f:
+            src = f.read()
         head = src[:src.index("\ndef ")]  # the struct definitions, before anything loads the library
         ns = {}
         exec(compile(head, spec.origin, "exec"), ns)

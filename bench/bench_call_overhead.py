@@ -87,17 +87,21 @@ def main():
     def varlen():
         return fmha.varlen_attention(qp, kp, vp, cu, cu, S, S)
 
+    def kept_layer():
+        return layer.forward(q, k, v)
+
     calls = [("torch SDPA [B, H, S, D] views", lambda: F.scaled_dot_product_attention(qt, kt, vt))]
     if ext is not None:
         calls += [("fmha.attention, compiled path (fmha.torch_ext)", path(attn, True)),
                   ("fmha.flash_attn_func, compiled path", path(fa2, True)),
                   ("fmha.varlen_attention (max_seqlen given), compiled path",
-                   path(varlen, True))]
+                   path(varlen, True)),
+                  ("fmha.Attention.forward, compiled path", path(kept_layer, True))]
     calls += [("fmha.attention, Python path", path(attn, False)),
               ("fmha.attention, Python path, repeat table emptied before each call",
                path(first_call_path, False)),
               ("fmha.flash_attn_func, Python path", path(fa2, False)),
-             ("fmha.Attention.forward", lambda: layer.forward(q, k, v)),
+             ("fmha.Attention.forward, Python path", path(kept_layer, False)),
              ("fmha.attention, inputs require grad (fmha::fwd op)",
               lambda: fmha.attention(qg, kg, vg)),
              ("fmha.varlen_attention (max_seqlen given), Python path", path(varlen, False))]

@@ -941,7 +941,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
             v_descale is None and attn_mask is None and alibi_slopes is None and sinks is None \
             and (dropout_p is None or (type(dropout_p) in (float, int) and dropout_p == 0)) \
             and not _compiling():
-        res = fast.attention(q, k, v, causal, softmax_scale, window, softcap, return_lse)
+        res = fast.attention(q, k, v, causal, softmax_scale, window, softcap, return_lse, None)
         if res is not None:
             return res
     return _attention(q, k, v, causal, softmax_scale, window, softcap, dropout_p, seed,
@@ -979,7 +979,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             and not _compiling():
         res = fast.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal, softmax_scale, window, softcap,
-                                    return_lse)
+                                    return_lse, None)
         if res is not None:
             return res
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -1218,6 +1218,15 @@ class Attention:
         self._layers = {}
         self._lock = threading.Lock()
         self._last = None
+        # The compiled path (fmha.torch_ext) takes forward() and
+        # forward_varlen() where these options let it: their arguments there,
+        # the shape the tensors must have, and the latest such call's dtype,
+        # device and head_dim_v (for kernel and fp8_path, resolved by _latest).
+        o = self._opts
+        self._fast_args = ((o.causal, o.softmax_scale or None, o.window, o.softcap)
+                           if o.fp8 is None and not o.dropout_p and not o.check_finite else None)
+        self._shape = (self.num_heads, self.num_kv_heads, self.head_size)
+        self._fast_call = None
         self._op_key = next(_op_layer_keys)
         _op_layers[self._op_key] = self
         # The shape check, on the configuration that runs anywhere (bf16, CPU).
@@ -1243,9 +1252,20 @@ class Attention:
     def fp8_path(self):
         """(path, reason) of the latest libfmha layer (fmha_layer_get_path):
         path is "direct", "fp8" or "fp8_fallback"."""
-        layer = self._last or self._default or self._layer(_lib.DTYPE_BF16, _lib.DEVICE_CPU,
-                                                             None, self.head_size)
+        layer = self._latest() or self._default or self._layer(_lib.DTYPE_BF16, _lib.DEVICE_CPU,
+                                                               None, self.head_size)
         return layer.path, layer.path_reason
+
+    def _latest(self):
+        """The libfmha layer of the latest forward, else None: after a call
+        of the compiled path, this object's layer of that configuration."""
+        call = self._fast_call
+        if call is not None:
+            dtype, device, head_dim_v = call
+            self._layer(T._torch_dtype_code(sys.modules["torch"], dtype, "q"),
+                        _lib.DEVICE_CUDA if device.type == "cuda" else _lib.DEVICE_CPU,
+                        device.index, head_dim_v)
+        return self._last
 
     def _config(self, dtype, device, head_dim_v):
         return self._opts.config(self.num_heads, self.num_kv_heads, self.head_size, head_dim_v,
@@ -1261,6 +1281,7 @@ class Attention:
                 if layer.path == "fp8_fallback":  # once per libfmha layer
                     warnings.warn("fmha: " + layer.path_reason, RuntimeWarning, stacklevel=2)
             self._last = layer
+            self._fast_call = None
             return layer
 
     def _layer_for(self, cfg, v):
@@ -1271,7 +1292,7 @@ class Attention:
         """Name of the kernel libfmha runs for this layer (fmha_layer_kernel):
         the one of the latest forward, else of the dtype/device given at
         construction, else of bf16 on the CPU."""
-        layer = self._last or self._default
+        layer = self._latest() or self._default
         if layer is not None:
             return layer.kernel_name
         return self.kernel_for()
@@ -1281,19 +1302,29 @@ class Attention:
         dev, idx = _device(device)
         return self._layer(_dtype_code(dtype), dev, idx, self.head_size).kernel_name
 
-    @T.returns_like(1)
     def forward(self, q, k, v, *, out=None, return_lse=False, seed=None, q_descale=None,
                 k_descale=None, v_descale=None, attn_mask=None, alibi_slopes=None, sinks=None):
         """q [B, Sq, num_heads, head_size], k/v [B, Sk, num_kv_heads, head_size]
         -> out [B, Sq, num_heads, head_size] (or (out, lse [B, H, Sq])).
         FP8 q, k, v take descales, and attn_mask, alibi_slopes and sinks
         modify the scores, as attention() does."""
-        return _padded(q, k, v, self._opts, out, return_lse, seed, self._layer_for,
-                       (q_descale, k_descale, v_descale), _Mods(attn_mask, alibi_slopes, sinks))
+        fast = _fast
+        if fast is not None and self._fast_args is not None and out is None and \
+                q_descale is None and k_descale is None and v_descale is None and \
+                attn_mask is None and alibi_slopes is None and sinks is None and not _compiling():
+            res = fast.attention(q, k, v, *self._fast_args, return_lse, self._shape)
+            if res is not None:
+                self._fast_call = (q.dtype, q.device, v.shape[-1])
+                return res
+        return self._forward(q, k, v, out, return_lse, seed, (q_descale, k_descale, v_descale),
+                             _Mods(attn_mask, alibi_slopes, sinks))
+
+    @T.returns_like(1)
+    def _forward(self, q, k, v, out, return_lse, seed, descales, mods):
+        return _padded(q, k, v, self._opts, out, return_lse, seed, self._layer_for, descales, mods)
 
     __call__ = forward
 
-    @T.returns_like(1)
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                        out=None, return_lse=False, seed=None, q_descale=None, k_descale=None,
                        v_descale=None, alibi_slopes=None, sinks=None):
@@ -1301,9 +1332,25 @@ class Attention:
         cu_seqlens -> out [total_q, H, D] (or (out, lse [H, total_q])).
         FP8 q, k, v take descales, alibi_slopes and sinks as
         varlen_attention() does."""
+        fast = _fast
+        if fast is not None and self._fast_args is not None and out is None and \
+                q_descale is None and k_descale is None and v_descale is None and \
+                alibi_slopes is None and sinks is None and not _compiling():
+            res = fast.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, *self._fast_args, return_lse, self._shape)
+            if res is not None:
+                self._fast_call = (q.dtype, q.device, v.shape[-1])
+                return res
+        return self._forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, out, return_lse, seed,
+                                    (q_descale, k_descale, v_descale),
+                                    _Mods(None, alibi_slopes, sinks))
+
+    @T.returns_like(1)
+    def _forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        out, return_lse, seed, descales, mods):
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       self._opts, out, return_lse, seed, self._layer_for,
-                       (q_descale, k_descale, v_descale), _Mods(None, alibi_slopes, sinks))
+                       self._opts, out, return_lse, seed, self._layer_for, descales, mods)
 
     @T.returns_like(1)
     def decode(self, q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None,

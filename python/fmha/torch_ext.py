@@ -4,8 +4,9 @@ A call from Python through ctypes costs about three times torch SDPA's host
 time on a small shape (bench/RESULTS.md, per-call host time): the options,
 the tensors' shapes and pointers and the output's allocation all go through
 Python. fmha_torch_ext (csrc/torch_ext.cpp) does that work in C++ for the
-common call of fmha.attention and fmha.varlen_attention (int32 offsets on
-q's device) — plain CPU or CUDA tensors that autograd would not record,
+common call of fmha.attention, fmha.varlen_attention (int32 offsets on
+q's device) and fmha.Attention's forward and forward_varlen (layers without
+dropout, FP8 or check_finite) — plain CPU or CUDA tensors that autograd would not record,
 f32/f16/bf16, no dropout, out=, FP8 descales or score modifiers, no
 torch.compile trace, dispatch or function mode — and hands every other call
 back to the Python path, which also raises every error.

@@ -161,6 +161,55 @@ def test_varlen_handed_back(ext):
         fmha.varlen_attention(q, k, v, c3, c3, 2, 7)  # a sequence longer than its bound
 
 
+def test_attention_layer(ext, monkeypatch):
+    """fmha.Attention's forward and forward_varlen take the compiled path:
+    the Python path's bits, its kernel reported, a tensor of another shape
+    refused with the layer's message; layers whose options the compiled
+    path does not take (dropout, FP8, check_finite) keep the Python path."""
+    layer = fmha.Attention(6, 40, 0.2, True, 2, window=(11, -1), softcap=9.0)
+    q = rand((2, 23, 6, 40), "bf16", 1)
+    k = rand((2, 31, 2, 40), "bf16", 2, "bhsd")
+    v = rand((2, 31, 2, 24), "bf16", 3)
+    monkeypatch.setattr(fmha.Attention, "_forward", lambda *a: pytest.fail("Python path"))
+    out, lse = layer.forward(q, k, v, return_lse=True)
+    assert torch.equal(layer(q, k, v), out)
+    kernel = layer.kernel
+    monkeypatch.undo()
+    want, want_lse = ref.attention(f64(q), f64(k), f64(v), causal=True, window=(11, -1),
+                                   softcap=9.0, scale=0.2)
+    ref.assert_close(f64(out), want, "bf16")
+    ref.assert_lse(f64(lse), want_lse)
+    p_out, p_lse = python_path(lambda: layer.forward(q, k, v, return_lse=True))
+    assert torch.equal(out, p_out) and torch.equal(lse, p_lse)
+    assert kernel == layer.kernel == layer.kernel_for("bf16", "cpu")
+    with pytest.raises(Exception) as fast:
+        layer.forward(q[:, :, :4], k, v)
+    with pytest.raises(Exception) as slow:
+        python_path(lambda: layer.forward(q[:, :, :4], k, v))
+    assert str(fast.value) == str(slow.value)
+    # packed
+    cu = torch.tensor([0, 9, 23], dtype=torch.int32)
+    cuk = torch.tensor([0, 20, 31], dtype=torch.int32)
+    qp, kp, vp = q[0], k[0], v[0]
+    monkeypatch.setattr(fmha.Attention, "_forward_varlen", lambda *a: pytest.fail("Python path"))
+    got = layer.forward_varlen(qp, kp, vp, cu, cuk, 14, 20)
+    monkeypatch.undo()
+    assert torch.equal(got, python_path(lambda: layer.forward_varlen(qp, kp, vp, cu, cuk, 14, 20)))
+    # options the compiled path leaves to the Python path
+    seen = []
+    mod = ext
+    _api._fast = type("Spy", (), {"attention": lambda self, *a: seen.append(a) or
+                                  mod.attention(*a)})()
+    try:
+        for other in (fmha.Attention(6, 40, num_kv_heads=2, dropout_p=0.3),
+                      fmha.Attention(6, 40, num_kv_heads=2, check_finite=True),
+                      fmha.Attention(6, 40, num_kv_heads=2, fp8="per_tensor")):
+            other.forward(q, k, v, seed=1) if other.dropout_p else other.forward(q, k, v)
+        assert seen == []
+    finally:
+        _api._fast = mod
+
+
 def test_flash_attn_func_takes_it(ext, python_only):
     q, k, v = (rand((2, 11, 4, 16), "bf16", s) for s in range(3))
     out = fmha.flash_attn_func(q, k, v, causal=True)

@@ -1,5 +1,6 @@
 /* torch_ext.cpp — the compiled path of fmha.attention and
- * fmha.varlen_attention for torch tensors (the fmha_torch_ext module that
+ * fmha.varlen_attention (and fmha.Attention's forwards) for torch tensors
+ * (the fmha_torch_ext module that
  * fmha/torch_ext.py builds against the installed torch). attention() and
  * varlen_attention() take the call as the Python function got it and run
  * it on libfmha when it is the common case: plain CPU or CUDA
@@ -218,8 +219,24 @@ struct Call {
     int device; /* CUDA ordinal, -1 for the CPU */
 };
 
+/* `layer`: None, or an fmha.Attention's (num_heads, num_kv_heads,
+ * head_size), which the tensors must have (else the Python path refuses
+ * them with the layer's message). */
+bool layer_shape(py::handle layer, const Call &c, int o)
+{
+    if (layer.is_none())
+        return true;
+    PyObject *t = layer.ptr();
+    int64_t h, hkv, d;
+    return PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 3 && int64(PyTuple_GET_ITEM(t, 0), h) &&
+           int64(PyTuple_GET_ITEM(t, 1), hkv) && int64(PyTuple_GET_ITEM(t, 2), d) &&
+           c.q.size(o + 1) == h && c.k.size(o + 1) == hkv && c.v.size(o + 1) == hkv &&
+           c.q.size(o + 2) == d && c.k.size(o + 2) == d;
+}
+
 bool prepare(Call &c, int ndim, py::handle qo, py::handle ko, py::handle vo, py::handle causal,
-             py::handle scale, py::handle window, py::handle softcap, py::handle return_lse)
+             py::handle scale, py::handle window, py::handle softcap, py::handle return_lse,
+             py::handle layer)
 {
     fmha_dtype kd, vd;
     if (!lib.layer_forward || !plain_tensor(qo.ptr(), c.q, ndim) ||
@@ -235,6 +252,8 @@ bool prepare(Call &c, int ndim, py::handle qo, py::handle ko, py::handle vo, py:
         if (t->numel() == 0)
             return false; /* the Python path answers empty calls */
     const int o = ndim - 3;
+    if (!layer_shape(layer, c, o))
+        return false;
     std::memset(&c.cfg, 0, sizeof c.cfg);
     lib.config_init(&c.cfg, c.q.size(o + 1), c.k.size(o + 1), c.q.size(o + 2));
     c.cfg.head_dim_v = c.v.size(o + 2);
@@ -276,13 +295,15 @@ py::object result(const at::Tensor &out, const at::Tensor &lse, bool want_lse)
 }
 
 /* fmha.attention(q, k, v, causal=, softmax_scale=, window=, softcap=,
- * return_lse=) for padded q, k, v [B, S, H, D]: out, or (out, lse); None
- * for a call the Python path takes. */
+ * return_lse=) for padded q, k, v [B, S, H, D] (and Attention.forward,
+ * `layer` its shape): out, or (out, lse); None for a call the Python path
+ * takes. */
 py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle causal,
-                     py::handle scale, py::handle window, py::handle softcap, py::handle return_lse)
+                     py::handle scale, py::handle window, py::handle softcap, py::handle return_lse,
+                     py::handle layer)
 {
     Call c;
-    if (!prepare(c, 4, qo, ko, vo, causal, scale, window, softcap, return_lse))
+    if (!prepare(c, 4, qo, ko, vo, causal, scale, window, softcap, return_lse, layer))
         return py::none();
     const int64_t B = c.q.size(0), Sq = c.q.size(1), H = c.q.size(2), Dv = c.v.size(3);
     const bool want_lse = return_lse.ptr() == Py_True;
@@ -322,13 +343,13 @@ bool bound(py::handle obj, int64_t &x)
 py::object varlen_attention(py::handle qo, py::handle ko, py::handle vo, py::handle cuqo,
                             py::handle cuko, py::handle maxqo, py::handle maxko, py::handle causal,
                             py::handle scale, py::handle window, py::handle softcap,
-                            py::handle return_lse)
+                            py::handle return_lse, py::handle layer)
 {
     Call c;
     at::Tensor cuq, cuk;
     fmha_forward_args a;
     std::memset(&a, 0, sizeof a);
-    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse) ||
+    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse, layer) ||
         !offsets(cuqo, c.q, cuq) || !offsets(cuko, c.q, cuk) || cuq.numel() != cuk.numel() ||
         cuq.numel() < 2 || !bound(maxqo, a.max_seqlen_q) || !bound(maxko, a.max_seqlen_k))
         return py::none();

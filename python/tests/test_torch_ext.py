@@ -12,6 +12,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fmha
 import reference as ref
@@ -215,6 +217,47 @@ def test_flash_attn_func_takes_it(ext, python_only):
     out = fmha.flash_attn_func(q, k, v, causal=True)
     want, _ = ref.attention(f64(q), f64(k), f64(v), causal=True)
     ref.assert_close(f64(out), want, "bf16")
+
+
+def outcome(fn):
+    """fn()'s result with NaN made comparable, or its error's type and message."""
+    try:
+        res = fn()
+    except Exception as e:
+        return type(e), str(e)
+    return tuple(r.nan_to_num(7.0) for r in (res if isinstance(res, tuple) else (res,)))
+
+
+@settings(max_examples=150)
+@given(st.data())
+def test_random_calls_are_the_python_paths(ext, data):
+    """Random shapes, strides (broadcast batches, row offsets), options and
+    bad values (NaN inputs, a scale of -1 or inf, windows past the
+    sequence): the compiled path gives the Python path's bits or its error."""
+    d = data.draw
+    B, S, Sk = d(st.integers(1, 3)), d(st.integers(1, 20)), d(st.integers(1, 20))
+    H = d(st.sampled_from([1, 2, 4, 6]))
+    Hkv = d(st.sampled_from([h for h in (1, 2, 3, 4) if H % h == 0]))
+    D = d(st.sampled_from([8, 16, 33, 64]))
+    dt = DTYPES[d(st.sampled_from(["f32", "f16", "bf16"]))]
+    g = torch.Generator().manual_seed(d(st.integers(0, 2**31)))
+    q = torch.randn(B, S, H, D, generator=g).to(dt)
+    if d(st.booleans()):
+        k = torch.randn(1, Sk, Hkv, D, generator=g).to(dt).expand(B, Sk, Hkv, D)
+    else:
+        k = torch.randn(B, Sk, Hkv, D, generator=g).to(dt)
+    v = torch.randn(B, Sk + 3, Hkv, D, generator=g).to(dt)[:, 3:]
+    if d(st.integers(0, 9)) == 0:
+        q[0, 0, 0, 0] = float("nan")
+    kw = dict(causal=d(st.booleans()), window=(d(st.sampled_from([-1, 0, 3, 50])),
+                                               d(st.sampled_from([-1, 0, 2]))),
+              softcap=d(st.sampled_from([0.0, 5.0])), return_lse=d(st.booleans()),
+              softmax_scale=d(st.sampled_from([None, 0.3, -1.0, float("inf")])))
+    fast = outcome(lambda: fmha.attention(q, k, v, **kw))
+    slow = outcome(lambda: python_path(lambda: fmha.attention(q, k, v, **kw)))
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), (a, b)
 
 
 def test_handed_back_calls(ext):

@@ -1,12 +1,12 @@
 """bench_call_overhead.py — the host time of one fmha call from Python on a
 tiny shape, where the kernel's work is negligible, beside torch SDPA's on
 the same tensors in the same process: fmha.attention and flash_attn_func
-(no autograd) on the compiled path (fmha.torch_ext, built here when --ext
-is given) and on the Python path (fmha.attention also with its repeat table
+on the compiled path (fmha.torch_ext, built here when --ext is given)
+and on the Python path (fmha.attention also with its repeat table
 emptied before each call, as a first call runs), Attention.forward (a kept
-layer), the fmha::fwd op (inputs that require grad: what autograd
-records), a packed varlen call, and numpy arrays. Median of --repeat rounds
-of --calls calls.
+layer), inputs that require grad (what autograd records: the compiled
+path's autograd Function, or the fmha::fwd op), a packed varlen call, and
+numpy arrays. Median of --repeat rounds of --calls calls.
 
     python3 bench/bench_call_overhead.py [--lib build/libfmha.so] [--device cpu|cuda] [--ext]
 """
@@ -90,20 +90,24 @@ def main():
     def kept_layer():
         return layer.forward(q, k, v)
 
+    def with_grad():
+        return fmha.attention(qg, kg, vg)
+
     calls = [("torch SDPA [B, H, S, D] views", lambda: F.scaled_dot_product_attention(qt, kt, vt))]
     if ext is not None:
         calls += [("fmha.attention, compiled path (fmha.torch_ext)", path(attn, True)),
                   ("fmha.flash_attn_func, compiled path", path(fa2, True)),
                   ("fmha.varlen_attention (max_seqlen given), compiled path",
                    path(varlen, True)),
-                  ("fmha.Attention.forward, compiled path", path(kept_layer, True))]
+                  ("fmha.Attention.forward, compiled path", path(kept_layer, True)),
+                  ("fmha.attention, inputs require grad, compiled path (autograd Function)",
+                   path(with_grad, True))]
     calls += [("fmha.attention, Python path", path(attn, False)),
               ("fmha.attention, Python path, repeat table emptied before each call",
                path(first_call_path, False)),
               ("fmha.flash_attn_func, Python path", path(fa2, False)),
              ("fmha.Attention.forward, Python path", path(kept_layer, False)),
-             ("fmha.attention, inputs require grad (fmha::fwd op)",
-              lambda: fmha.attention(qg, kg, vg)),
+             ("fmha.attention, inputs require grad (fmha::fwd op)", path(with_grad, False)),
              ("fmha.varlen_attention (max_seqlen given), Python path", path(varlen, False))]
     if opt.device == "cpu":
         qn, kn, vn = q.numpy(), k.numpy(), v.numpy()

@@ -434,6 +434,7 @@ _torch_ops = None
 # torch call after the ops load (_fast_pending; never inside a torch.compile
 # trace); and torch.compiler.is_compiling, which keeps it out of graphs.
 _fast = None
+_fast_grad = None
 _fast_pending = False
 _compiling = None
 
@@ -459,13 +460,14 @@ def _load_fast():
     """Sets _fast to fmha.torch_ext's module, or None where it is not built
     or does not load (a warning says why: the Python path runs every call
     then). Not inside a trace: the next eager call looks."""
-    global _fast, _fast_pending
+    global _fast, _fast_grad, _fast_pending
     if _compiling():
         return
     _fast_pending = False
     try:
         from . import torch_ext
         _fast = torch_ext.load()
+        _fast_grad = torch_ext.with_grad
     except (ImportError, OSError) as e:
         warnings.warn("fmha: the compiled path (fmha.torch_ext) is off: %s" % e, RuntimeWarning,
                       stacklevel=4)
@@ -942,6 +944,8 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), sof
             and (dropout_p is None or (type(dropout_p) in (float, int) and dropout_p == 0)) \
             and not _compiling():
         res = fast.attention(q, k, v, causal, softmax_scale, window, softcap, return_lse, None)
+        if res is False:  # autograd records it
+            res = _fast_grad(q, k, v, causal, softmax_scale, window, softcap, return_lse)
         if res is not None:
             return res
     return _attention(q, k, v, causal, softmax_scale, window, softcap, dropout_p, seed,
@@ -1313,7 +1317,7 @@ class Attention:
                 q_descale is None and k_descale is None and v_descale is None and \
                 attn_mask is None and alibi_slopes is None and sinks is None and not _compiling():
             res = fast.attention(q, k, v, *self._fast_args, return_lse, self._shape)
-            if res is not None:
+            if res is not None and res is not False:  # False: autograd records it (the op)
                 self._fast_call = (q.dtype, q.device, v.shape[-1])
                 return res
         return self._forward(q, k, v, out, return_lse, seed, (q_descale, k_descale, v_descale),

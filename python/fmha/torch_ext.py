@@ -37,7 +37,7 @@ import torch
 
 from . import _api, _lib
 
-__all__ = ["build", "load", "module_path"]
+__all__ = ["build", "load", "module_path", "with_grad"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "torch_ext.cpp")
@@ -105,6 +105,50 @@ def _import(path):
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
+
+
+class _HandBack(Exception):
+    """The compiled forward turned the call down: the Python path runs it."""
+
+
+class _Attention(torch.autograd.Function):
+    """A padded call that autograd records: the compiled forward, and fmha's
+    backward (through the Python path, as the fmha::bwd op runs it)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mod, options):
+        res = mod.attention(q, k, v, *options, True, None)
+        if not isinstance(res, tuple):
+            raise _HandBack()
+        out, lse = res
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, scale, window, softcap = ctx.options
+        opts = _api._Options(causal, scale, window, softcap, 0.0)
+        if dout.stride(-1) != 1:  # .sum()'s gradient is an expanded one
+            dout = dout.contiguous()
+        grads = _api._padded_backward(dout, q, k, v, out, lse, opts, None,
+                                      need=ctx.needs_input_grad[:3])
+        return tuple(grads) + (None, None)
+
+
+def with_grad(q, k, v, causal, softmax_scale, window, softcap, return_lse):
+    """fmha.attention's compiled path for a call that autograd records (the
+    module answered False): out, or (out, lse); None where the module then
+    turns it down (the Python path runs it)."""
+    mod = _api._fast
+    try:
+        out, lse = _Attention.apply(q, k, v, mod, (causal, softmax_scale, window, softcap))
+    except _HandBack:
+        return None
+    return (out, lse) if return_lse else out
 
 
 def _find_ninja():

@@ -4,8 +4,9 @@
  * fmha/torch_ext.py builds against the installed torch). attention() and
  * varlen_attention() take the call as the Python function got it and run
  * it on libfmha when it is the common case: plain CPU or CUDA
- * tensors that autograd would not record, f32/f16/bf16, no dropout, no
- * out=, descales or score modifiers, no torch dispatch or function mode. It
+ * tensors, f32/f16/bf16, no dropout, no out=, descales or score
+ * modifiers, no torch dispatch or function mode (padded calls that autograd
+ * records: through fmha/torch_ext.py's autograd Function). It
  * returns None for any other call, and for any call libfmha refuses, so that
  * the Python path runs it and raises its own error: this file checks types
  * and nothing else, the library validates.
@@ -199,12 +200,9 @@ bool options(fmha_config &cfg, py::handle causal, py::handle scale, py::handle w
     return softcap.is_none() || real(softcap.ptr(), cfg.softcap);
 }
 
-/* Nothing that would have to see the call: autograd recording it, a torch
- * dispatch or function mode. */
-bool unobserved(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v)
+/* No torch dispatch or function mode that would have to see the call. */
+bool unobserved()
 {
-    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-        return false;
     return !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
            !at::impl::torch_function_mode_enabled();
 }
@@ -217,6 +215,7 @@ struct Call {
     fmha_dtype dtype;
     fmha_config cfg;
     int device; /* CUDA ordinal, -1 for the CPU */
+    bool grad;  /* autograd would record the call (grad mode on, an input requires grad) */
 };
 
 /* `layer`: None, or an fmha.Attention's (num_heads, num_kv_heads,
@@ -246,8 +245,10 @@ bool prepare(Call &c, int ndim, py::handle qo, py::handle ko, py::handle vo, py:
     if (!dtype_of(c.q, c.dtype) || !dtype_of(c.k, kd) || !dtype_of(c.v, vd) || kd != c.dtype ||
         vd != c.dtype)
         return false;
-    if (c.k.device() != c.q.device() || c.v.device() != c.q.device() || !unobserved(c.q, c.k, c.v))
+    if (c.k.device() != c.q.device() || c.v.device() != c.q.device() || !unobserved())
         return false;
+    c.grad = at::GradMode::is_enabled() &&
+             (c.q.requires_grad() || c.k.requires_grad() || c.v.requires_grad());
     for (const at::Tensor *t : {&c.q, &c.k, &c.v})
         if (t->numel() == 0)
             return false; /* the Python path answers empty calls */
@@ -296,8 +297,9 @@ py::object result(const at::Tensor &out, const at::Tensor &lse, bool want_lse)
 
 /* fmha.attention(q, k, v, causal=, softmax_scale=, window=, softcap=,
  * return_lse=) for padded q, k, v [B, S, H, D] (and Attention.forward,
- * `layer` its shape): out, or (out, lse); None for a call the Python path
- * takes. */
+ * `layer` its shape): out, or (out, lse); False for a call that would take
+ * this path but that autograd records (fmha/torch_ext.py's Function runs
+ * it); None for a call the Python path takes. */
 py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle causal,
                      py::handle scale, py::handle window, py::handle softcap, py::handle return_lse,
                      py::handle layer)
@@ -305,6 +307,8 @@ py::object attention(py::handle qo, py::handle ko, py::handle vo, py::handle cau
     Call c;
     if (!prepare(c, 4, qo, ko, vo, causal, scale, window, softcap, return_lse, layer))
         return py::none();
+    if (c.grad)
+        return py::bool_(false);
     const int64_t B = c.q.size(0), Sq = c.q.size(1), H = c.q.size(2), Dv = c.v.size(3);
     const bool want_lse = return_lse.ptr() == Py_True;
     at::Tensor out = at::empty({B, Sq, H, Dv}, c.q.options());
@@ -349,7 +353,7 @@ py::object varlen_attention(py::handle qo, py::handle ko, py::handle vo, py::han
     at::Tensor cuq, cuk;
     fmha_forward_args a;
     std::memset(&a, 0, sizeof a);
-    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse, layer) ||
+    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse, layer) || c.grad ||
         !offsets(cuqo, c.q, cuq) || !offsets(cuko, c.q, cuk) || cuq.numel() != cuk.numel() ||
         cuq.numel() < 2 || !bound(maxqo, a.max_seqlen_q) || !bound(maxko, a.max_seqlen_k))
         return py::none();

@@ -434,7 +434,7 @@ _torch_ops = None
 # torch call after the ops load (_fast_pending; never inside a torch.compile
 # trace); and torch.compiler.is_compiling, which keeps it out of graphs.
 _fast = None
-_fast_grad = None
+_fast_grad = _fast_varlen_grad = None
 _fast_pending = False
 _compiling = None
 
@@ -460,14 +460,14 @@ def _load_fast():
     """Sets _fast to fmha.torch_ext's module, or None where it is not built
     or does not load (a warning says why: the Python path runs every call
     then). Not inside a trace: the next eager call looks."""
-    global _fast, _fast_grad, _fast_pending
+    global _fast, _fast_grad, _fast_varlen_grad, _fast_pending
     if _compiling():
         return
     _fast_pending = False
     try:
         from . import torch_ext
         _fast = torch_ext.load()
-        _fast_grad = torch_ext.with_grad
+        _fast_grad, _fast_varlen_grad = torch_ext.with_grad, torch_ext.varlen_with_grad
     except (ImportError, OSError) as e:
         warnings.warn("fmha: the compiled path (fmha.torch_ext) is off: %s" % e, RuntimeWarning,
                       stacklevel=4)
@@ -984,6 +984,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         res = fast.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, causal, softmax_scale, window, softcap,
                                     return_lse, None)
+        if res is False:  # autograd records it
+            res = _fast_varlen_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, causal, softmax_scale, window, softcap,
+                                    return_lse)
         if res is not None:
             return res
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -1342,7 +1346,7 @@ class Attention:
                 alibi_slopes is None and sinks is None and not _compiling():
             res = fast.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, *self._fast_args, return_lse, self._shape)
-            if res is not None:
+            if res is not None and res is not False:  # False: autograd records it (the op)
                 self._fast_call = (q.dtype, q.device, v.shape[-1])
                 return res
         return self._forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -37,7 +37,7 @@ import torch
 
 from . import _api, _lib
 
-__all__ = ["build", "load", "module_path", "with_grad"]
+__all__ = ["build", "load", "module_path", "varlen_with_grad", "with_grad"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "csrc", "torch_ext.cpp")
@@ -139,6 +139,33 @@ class _Attention(torch.autograd.Function):
         return tuple(grads) + (None, None)
 
 
+class _VarlenAttention(torch.autograd.Function):
+    """_Attention for packed calls: offsets and bounds ride along."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, bounds, mod, options):
+        res = mod.varlen_attention(q, k, v, cu_q, cu_k, *bounds, *options, True, None)
+        if not isinstance(res, tuple):
+            raise _HandBack()
+        out, lse = res
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.bounds, ctx.options = bounds, options
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        causal, scale, window, softcap = ctx.options
+        opts = _api._Options(causal, scale, window, softcap, 0.0)
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        grads = _api._packed_backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.bounds, opts,
+                                      None, need=ctx.needs_input_grad[:3])
+        return tuple(grads) + (None,) * 5
+
+
 def with_grad(q, k, v, causal, softmax_scale, window, softcap, return_lse):
     """fmha.attention's compiled path for a call that autograd records (the
     module answered False): out, or (out, lse); None where the module then
@@ -146,6 +173,19 @@ def with_grad(q, k, v, causal, softmax_scale, window, softcap, return_lse):
     mod = _api._fast
     try:
         out, lse = _Attention.apply(q, k, v, mod, (causal, softmax_scale, window, softcap))
+    except _HandBack:
+        return None
+    return (out, lse) if return_lse else out
+
+
+def varlen_with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                     softmax_scale, window, softcap, return_lse):
+    """with_grad for fmha.varlen_attention."""
+    mod = _api._fast
+    try:
+        out, lse = _VarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                          (max_seqlen_q, max_seqlen_k), mod,
+                                          (causal, softmax_scale, window, softcap))
     except _HandBack:
         return None
     return (out, lse) if return_lse else out

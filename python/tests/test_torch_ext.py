@@ -315,6 +315,41 @@ def test_refusals_are_the_python_paths(ext):
         assert type(fast.value) is type(slow.value) and str(fast.value) == str(slow.value)
 
 
+@pytest.mark.parametrize("bounds", [False, True])
+def test_varlen_autograd(ext, bounds, monkeypatch):
+    """Packed calls that autograd records: the compiled forward's Function,
+    gradients against float64 and bit for bit the fmha::varlen_fwd op's;
+    tokens past the last sequence get zero gradients."""
+    cq, ck = [0, 7, 7, 30], [0, 12, 20, 41]
+    base = [rand((1, 32, 4, 32), "f32", 1)[0], rand((1, 41, 2, 32), "f32", 2)[0],
+            rand((1, 41, 2, 16), "f32", 3)[0]]
+    cuq, cuk = (torch.tensor(c, dtype=torch.int32) for c in (cq, ck))
+    mq, mk = (23, 21) if bounds else (None, None)
+    dout = rand((1, 32, 4, 16), "f32", 4)[0]
+
+    def run():
+        x = [t.detach().clone().requires_grad_() for t in base]
+        out = fmha.varlen_attention(*x, cuq, cuk, mq, mk, causal=True)
+        (out[:30] * dout[:30]).sum().backward()
+        return out, [t.grad for t in x], out.grad_fn
+    ops = __import__("fmha.torch_ops").torch_ops
+    monkeypatch.setattr(ops, "packed", lambda *a, **k: pytest.fail("the fmha::varlen_fwd op ran"))
+    out, grads, fn = run()
+    monkeypatch.undo()
+    assert type(fn).__name__.startswith("_VarlenAttention")
+    d = dout.clone()
+    d[30:] = 0
+    wg = ref.varlen_attention_grads(*(f64(t) for t in base), f64(d), np.array(cq), np.array(ck),
+                                    causal=True)
+    p_out, p_grads, p_fn = python_path(run)
+    assert type(p_fn).__name__ != type(fn).__name__
+    assert torch.equal(out[:30], p_out[:30])
+    for g, pg, w, name in zip(grads, p_grads, wg, ("dq", "dk", "dv")):
+        ref.assert_close(f64(g), w, "f32", name)
+        assert torch.equal(g, pg), name
+    assert not grads[0][30:].any()
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("which", ["qkv", "q", "kv"])
 def test_autograd(ext, dtype, which, monkeypatch):

@@ -5,8 +5,8 @@
  * varlen_attention() take the call as the Python function got it and run
  * it on libfmha when it is the common case: plain CPU or CUDA
  * tensors, f32/f16/bf16, no dropout, no out=, descales or score
- * modifiers, no torch dispatch or function mode (padded calls that autograd
- * records: through fmha/torch_ext.py's autograd Function). It
+ * modifiers, no torch dispatch or function mode (calls that autograd
+ * records: through fmha/torch_ext.py's autograd Functions). It
  * returns None for any other call, and for any call libfmha refuses, so that
  * the Python path runs it and raises its own error: this file checks types
  * and nothing else, the library validates.
@@ -343,7 +343,7 @@ bool bound(py::handle obj, int64_t &x)
 /* fmha.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
  * max_seqlen_k, causal=, ...) for packed q, k, v [T, H, D]: out [Tq, H, Dv]
  * (rows past the last sequence unwritten, as on the Python path), or (out,
- * lse [H, Tq]); None for a call the Python path takes. */
+ * lse [H, Tq]); False and None as attention()'s. */
 py::object varlen_attention(py::handle qo, py::handle ko, py::handle vo, py::handle cuqo,
                             py::handle cuko, py::handle maxqo, py::handle maxko, py::handle causal,
                             py::handle scale, py::handle window, py::handle softcap,
@@ -353,10 +353,12 @@ py::object varlen_attention(py::handle qo, py::handle ko, py::handle vo, py::han
     at::Tensor cuq, cuk;
     fmha_forward_args a;
     std::memset(&a, 0, sizeof a);
-    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse, layer) || c.grad ||
+    if (!prepare(c, 3, qo, ko, vo, causal, scale, window, softcap, return_lse, layer) ||
         !offsets(cuqo, c.q, cuq) || !offsets(cuko, c.q, cuk) || cuq.numel() != cuk.numel() ||
         cuq.numel() < 2 || !bound(maxqo, a.max_seqlen_q) || !bound(maxko, a.max_seqlen_k))
         return py::none();
+    if (c.grad)
+        return py::bool_(false);
     const int64_t Tq = c.q.size(0), H = c.q.size(1), Dv = c.v.size(2);
     const bool want_lse = return_lse.ptr() == Py_True;
     at::Tensor out = at::empty({Tq, H, Dv}, c.q.options());

@@ -1,22 +1,24 @@
-"""torch_ext.py — the compiled path of fmha.attention for torch tensors.
+"""torch_ext.py — the compiled path of fmha's torch calls.
 
-A call from Python through ctypes costs about three times torch SDPA's host
-time on a small shape (bench/RESULTS.md, per-call host time): the options,
-the tensors' shapes and pointers and the output's allocation all go through
-Python. fmha_torch_ext (csrc/torch_ext.cpp) does that work in C++ for the
-common call of fmha.attention, fmha.varlen_attention (int32 offsets on
-q's device) and fmha.Attention's forward and forward_varlen (layers without
-dropout, FP8 or check_finite) — plain CPU or CUDA tensors that autograd would not record,
+A call from Python through ctypes costs two to three times torch SDPA's
+host time on a small shape (bench/RESULTS.md, per-call host time): the
+options, the tensors' shapes and pointers and the output's allocation all go
+through Python. fmha_torch_ext (csrc/torch_ext.cpp) does that work in C++
+for the common call of fmha.attention, fmha.varlen_attention (int32 offsets
+on q's device) and fmha.Attention's forward and forward_varlen (layers
+without dropout, FP8 or check_finite) — plain CPU or CUDA tensors,
 f32/f16/bf16, no dropout, out=, FP8 descales or score modifiers, no
 torch.compile trace, dispatch or function mode — and hands every other call
-back to the Python path, which also raises every error.
+back to the Python path, which also raises every error. Calls of the two
+functions that autograd records run through the autograd Functions below
+(the compiled forward, fmha's backward); Attention's keep the ops.
 
 It is compiled against the torch it runs with, once, by
 
     python -m fmha.torch_ext          (or fmha.torch_ext.build())
 
-which needs a C++ compiler and ninja (`pip install ninja`) and takes about a
-minute; CUDA tensors take the path where torch has CUDA and its toolkit's
+which needs a C++ compiler and ninja (`pip install ninja`) and takes about
+half a minute; CUDA tensors take the path where torch has CUDA and its toolkit's
 headers are found (CUDA_HOME), else they keep the Python path. The module
 lands in $FMHA_TORCH_EXT_DIR, else ~/.cache/fmha/torch_ext, under a name
 made from its source, fmha.h, the torch version and the CUDA switch, so that
@@ -130,13 +132,18 @@ class _Attention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, scale, window, softcap = ctx.options
-        opts = _api._Options(causal, scale, window, softcap, 0.0)
-        if dout.stride(-1) != 1:  # .sum()'s gradient is an expanded one
-            dout = dout.contiguous()
+        opts, dout = _backward_inputs(ctx, dout)
         grads = _api._padded_backward(dout, q, k, v, out, lse, opts, None,
                                       need=ctx.needs_input_grad[:3])
         return tuple(grads) + (None, None)
+
+
+def _backward_inputs(ctx, dout):
+    """The forward's options, and dout as libfmha reads it (head_dim
+    contiguous: .sum()'s gradient is an expanded one)."""
+    causal, scale, window, softcap = ctx.options
+    return (_api._Options(causal, scale, window, softcap, 0.0),
+            dout if dout.stride(-1) == 1 else dout.contiguous())
 
 
 class _VarlenAttention(torch.autograd.Function):
@@ -157,10 +164,7 @@ class _VarlenAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        causal, scale, window, softcap = ctx.options
-        opts = _api._Options(causal, scale, window, softcap, 0.0)
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
+        opts, dout = _backward_inputs(ctx, dout)
         grads = _api._packed_backward(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.bounds, opts,
                                       None, need=ctx.needs_input_grad[:3])
         return tuple(grads) + (None,) * 5

@@ -1,15 +1,14 @@
 /* torch_ext.cpp — the compiled path of fmha.attention and
- * fmha.varlen_attention (and fmha.Attention's forwards) for torch tensors
- * (the fmha_torch_ext module that
- * fmha/torch_ext.py builds against the installed torch). attention() and
- * varlen_attention() take the call as the Python function got it and run
- * it on libfmha when it is the common case: plain CPU or CUDA
- * tensors, f32/f16/bf16, no dropout, no out=, descales or score
- * modifiers, no torch dispatch or function mode (calls that autograd
- * records: through fmha/torch_ext.py's autograd Functions). It
- * returns None for any other call, and for any call libfmha refuses, so that
- * the Python path runs it and raises its own error: this file checks types
- * and nothing else, the library validates.
+ * fmha.varlen_attention (and fmha.Attention's forwards) for torch tensors:
+ * the fmha_torch_ext module that fmha/torch_ext.py builds against the
+ * installed torch. attention() and varlen_attention() take the call as the
+ * Python function got it and run it on libfmha when it is the common case:
+ * plain CPU or CUDA tensors, f32/f16/bf16, no dropout, out=, descales or
+ * score modifiers, no torch dispatch or function mode. A call that autograd
+ * would record gets False (fmha/torch_ext.py's autograd Functions run it
+ * here again with grad off); any other call, and any call libfmha refuses,
+ * gets None, so that the Python path runs it and raises its own error: this
+ * file checks types and nothing else, the library validates.
  *
  * libfmha is the one fmha/_lib.py loaded: bind() receives the addresses of
  * the four functions it calls, so the module links no libfmha of its own.

@@ -1,10 +1,12 @@
-"""fmha.torch_ext, attention()'s compiled path: built here (skipped without
-torch, a C++ compiler or ninja, unless FMHA_TEST_TORCH_EXT=1 says it must
-build, as CI does), then against the float64 reference and the Python path
-bit for bit, on awkward shapes, strides, GQA and every option it takes; the
-calls it hands back to the Python path (autograd, numpy, dropout, out=,
-modifiers, negated views, refused shapes with the Python path's errors);
-the environment's knobs; threads; torch.compile; FMHA_TORCH_EXT=0."""
+"""fmha.torch_ext, the compiled path: built here (skipped without torch, a
+C++ compiler or ninja, unless FMHA_TEST_TORCH_EXT=1 says it must build, as
+CI does), then against the float64 reference and the Python path bit for
+bit, on awkward shapes, strides, GQA and every option it takes (padded,
+packed, Attention layers, random calls); calls that autograd records (its
+autograd Functions' gradients against the ops'); the calls it hands back to
+the Python path (numpy, dropout, out=, modifiers, negated views, refused
+shapes with the Python path's errors); the environment's knobs; threads;
+torch.compile; a new process finding it; FMHA_TORCH_EXT=0; CUDA (GPU tests)."""
 import os
 import subprocess
 import sys

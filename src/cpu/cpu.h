@@ -19,6 +19,14 @@
  * their live rows rounded out to multiples of NQ. */
 enum { FMHA_CPU_BR = 256, FMHA_CPU_BC = 64, FMHA_CPU_NQ = 16 };
 
+/* A task's query rows as the mainloop reads them: whole vectors of NQ. The
+ * cells of the rows past `rows` up to that are zero (pack_q, O); the rest
+ * of a tile is never read, so it is never cleared. */
+static inline int fmha_cpu_vector_rows(int rows)
+{
+    return (rows + FMHA_CPU_NQ - 1) / FMHA_CPU_NQ * FMHA_CPU_NQ;
+}
+
 /* AUTO's ISA: the best detected, except that avx512-bf16 (bf16 inputs on the
  * vdpbf16ps kernel) is taken over avx512 (the f32 one) only where vdpbf16ps
  * has twice the FMA's rate: on AMD, where the bf16 kernel is the faster; on

@@ -205,8 +205,7 @@ static int task_begin(fmha_cpu_task *tk, task_scratch *s, const task_layout *L, 
     tk->slot_rows = rows;
     tk->row_pos = s->row_pos;
     tk->row_head = s->row_head;
-    /* Rows past the last whole vector of queries are never read (pack_q) */
-    memset(s->o, 0, sizeof(float) * (size_t)round_up(tk->rows, FMHA_CPU_NQ) * (size_t)tk->dvp);
+    memset(s->o, 0, sizeof(float) * (size_t)fmha_cpu_vector_rows(tk->rows) * (size_t)tk->dvp);
     for (int i = 0; i < BR; i++) {
         s->m[i] = -INFINITY;
         s->l[i] = 0.0f;

@@ -331,7 +331,7 @@ static void pack_q_bf16(const fmha_cpu_task *t, void *qtv, void *tmpv)
             for (int i = 0; i < n; i++)
                 memcpy(&qt[cp * BR + i0 + i], tmp + i * dp + 2 * cp, 4);
     }
-    const int pad = (FMHA_CPU_NQ - t->rows % FMHA_CPU_NQ) % FMHA_CPU_NQ; /* as pack_q's */
+    const int pad = fmha_cpu_vector_rows(t->rows) - t->rows;
     for (int64_t cp = 0; pad && cp < dp / 2; cp++)
         memset(qt + cp * BR + t->rows, 0, (size_t)pad * 4);
 }

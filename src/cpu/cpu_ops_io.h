@@ -24,9 +24,7 @@ static void pack_q(const fmha_cpu_task *t, void *qtv, void *tmpv)
             for (int i = 0; i < n; i++)
                 qt[c * FMHA_CPU_BR + i0 + i] = tmp[i * t->dp + c];
     }
-    /* The mainloop reads whole vectors of FMHA_CPU_NQ queries: the cells up
-     * to the next multiple are zero, the rest of the tile is never read. */
-    const int pad = (FMHA_CPU_NQ - t->rows % FMHA_CPU_NQ) % FMHA_CPU_NQ;
+    const int pad = fmha_cpu_vector_rows(t->rows) - t->rows;
     for (int64_t c = 0; pad && c < d; c++)
         memset(qt + c * FMHA_CPU_BR + t->rows, 0, (size_t)pad * 4);
 }

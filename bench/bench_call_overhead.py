@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--shape", default="1,16,2,32", help="B,S,H,D")
     ap.add_argument("--ext", action="store_true",
-                    help="build fmha.torch_ext (about a minute the first time) and time it too")
+                    help="build fmha.torch_ext (about 30 s the first time) and time it too")
     results_md.add_arguments(ap, {"call-overhead": "Per-call host time from Python"})
     opt = ap.parse_args()
     os.environ["FMHA_LIBRARY"] = os.path.abspath(opt.lib)
@@ -106,9 +106,9 @@ def main():
               ("fmha.attention, Python path, repeat table emptied before each call",
                path(first_call_path, False)),
               ("fmha.flash_attn_func, Python path", path(fa2, False)),
-             ("fmha.Attention.forward, Python path", path(kept_layer, False)),
-             ("fmha.attention, inputs require grad (fmha::fwd op)", path(with_grad, False)),
-             ("fmha.varlen_attention (max_seqlen given), Python path", path(varlen, False))]
+              ("fmha.Attention.forward, Python path", path(kept_layer, False)),
+              ("fmha.attention, inputs require grad (fmha::fwd op)", path(with_grad, False)),
+              ("fmha.varlen_attention (max_seqlen given), Python path", path(varlen, False))]
     if opt.device == "cpu":
         qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
         calls.append(("fmha.attention on numpy arrays", lambda: fmha.attention(qn, kn, vn)))
